@@ -1,0 +1,180 @@
+"""Checkpoints the project makes itself: no weights can be downloaded.
+
+* ``write_tiny_checkpoint`` builds a small random-weight Nemotron-H checkpoint in HF format
+  (safetensors, ``config.json`` with ``architectures``) with a trained byte-level BPE
+  tokenizer and a chat template beside it. Tests and ``make demo`` run on these.
+* ``write_real_shape_config`` writes only the ``config.json`` of a public Nemotron-H model,
+  for full-size runs with ``load_format="dummy"`` (random weights, real shapes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# Small configs covering the family: Mamba2 (M), attention (*), MLP (-) and MoE (E) layers,
+# with different d_state, head_dim (80: not a power of two) and n_groups.
+TINY_PRESETS: dict[str, dict[str, Any]] = {
+    "dense": dict(
+        hidden_size=256, hybrid_override_pattern="M*M-M-", mamba_num_heads=8,
+        mamba_head_dim=32, ssm_state_size=64, n_groups=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, intermediate_size=512,
+    ),
+    "dense-h80": dict(
+        hidden_size=320, hybrid_override_pattern="MM*-M-", mamba_num_heads=8,
+        mamba_head_dim=80, ssm_state_size=16, n_groups=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=80, intermediate_size=640,
+    ),
+    "dense-g1": dict(
+        hidden_size=256, hybrid_override_pattern="M-*M-", mamba_num_heads=8,
+        mamba_head_dim=32, ssm_state_size=32, n_groups=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, intermediate_size=512,
+    ),
+    "moe": dict(
+        hidden_size=256, hybrid_override_pattern="MEM*EM", mamba_num_heads=8,
+        mamba_head_dim=64, ssm_state_size=128, n_groups=8, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, intermediate_size=512,
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+        n_shared_experts=1, moe_shared_expert_intermediate_size=256,
+        routed_scaling_factor=2.5, n_group=1, topk_group=1, norm_topk_prob=True,
+    ),
+}
+
+# Public configs (as collected in shared/environment.md) for real-shape runs.
+REAL_SHAPES: dict[str, dict[str, Any]] = {
+    "nemotron-h-8b": dict(
+        hidden_size=4096, mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128,
+        n_groups=8, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        intermediate_size=21504,
+        hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+    ),
+    "nano-9b-v2": dict(
+        hidden_size=4480, mamba_num_heads=128, mamba_head_dim=80, ssm_state_size=128,
+        n_groups=8, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+        intermediate_size=15680,
+        hybrid_override_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+    ),
+    "nano-v3-30b": dict(
+        hidden_size=2688, mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128,
+        n_groups=8, num_attention_heads=32, num_key_value_heads=2, head_dim=128,
+        intermediate_size=1856, n_routed_experts=128, num_experts_per_tok=6,
+        moe_intermediate_size=1856, n_shared_experts=1,
+        moe_shared_expert_intermediate_size=3712, routed_scaling_factor=2.5,
+        n_group=1, topk_group=1, norm_topk_prob=True,
+        hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    ),
+}
+
+_COMMON: dict[str, Any] = dict(
+    conv_kernel=4, use_conv_bias=True, mamba_hidden_act="silu", mlp_hidden_act="relu2",
+    layer_norm_epsilon=1e-5, chunk_size=128, max_position_embeddings=4096,
+    tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    mamba_ssm_cache_dtype="float32", residual_in_fp32=False,
+)
+
+TINY_VOCAB_SIZE = 512
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+# Text the tokenizer is trained on: enough variety for a few hundred merges.
+_CORPUS = """
+The quick brown fox jumps over the lazy dog. A state space model carries the history of
+a sequence in a fixed-size state. Mamba layers update that state one token at a time during
+decoding, while attention layers read every earlier key and value. Hybrid models mix both.
+The weather today is sunny with a light breeze from the west. Tomorrow it may rain.
+Once upon a time there was a small robot who wanted to learn how to paint the sea.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Questions? Answers! Lists: apples, pears, plums.
+def add(a, b): return a + b  # Python code is text too.
+The history of the city begins with a river, a bridge and a market on the eastern bank.
+Serving a language model means batching many requests and streaming tokens back quickly.
+""" * 4
+
+
+def _train_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+
+
+def make_config(preset: dict[str, Any], vocab_size: int, dtype: str):
+    """A transformers ``NemotronHConfig`` from a preset plus the fields all share."""
+    from transformers import NemotronHConfig
+
+    fields = {**_COMMON, **preset, "vocab_size": vocab_size}
+    config = NemotronHConfig(**fields)
+    config.architectures = ["NemotronHForCausalLM"]
+    config.dtype = dtype
+    return config
+
+
+def write_tiny_checkpoint(
+    path: str | Path, preset: str = "dense", seed: int = 0, dtype: str = "float32"
+) -> Path:
+    """Writes a random-weight checkpoint with tokenizer to ``path`` (once) and returns it.
+
+    Weights are drawn large enough (std 0.5 / sqrt(fan_in) for projections, larger
+    embeddings) that greedy decoding changes its argmax from position to position.
+    """
+    import torch
+    from transformers import NemotronHForCausalLM
+
+    if preset not in TINY_PRESETS:
+        raise ValueError(f"preset must be one of {sorted(TINY_PRESETS)}, got {preset!r}")
+    path = Path(path)
+    if (path / "model.safetensors").exists() and (path / "tokenizer.json").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    config = make_config(TINY_PRESETS[preset], TINY_VOCAB_SIZE, dtype)
+    torch.manual_seed(seed)
+    model = NemotronHForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("A_log", "dt_bias", ".D")) or "norm" in name:
+                continue
+            if param.dim() >= 2:
+                fan_in = param.shape[-1]
+                std = 1.0 if "embed" in name else 1.5 / fan_in**0.5
+                param.normal_(0.0, std)
+            elif "bias" in name:
+                param.normal_(0.0, 0.1)
+    model.generation_config.eos_token_id = None
+    model.to(getattr(torch, dtype)).save_pretrained(str(path))
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["NemotronHForCausalLM"]
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    _train_tokenizer(path)
+    return path
+
+
+def write_real_shape_config(path: str | Path, model: str, dtype: str = "bfloat16") -> Path:
+    """Writes ``config.json`` and a tokenizer for a public model's shapes (no weights)."""
+    if model not in REAL_SHAPES:
+        raise ValueError(f"model must be one of {sorted(REAL_SHAPES)}, got {model!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = make_config(REAL_SHAPES[model], 131072, dtype)
+    config.save_pretrained(str(path))
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["NemotronHForCausalLM"]
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    if not (path / "tokenizer.json").exists():
+        _train_tokenizer(path)
+    return path

@@ -1,0 +1,27 @@
+"""Decode kernels, each a Triton kernel beside its plain-PyTorch reference."""
+
+from vllm_nemotron_h.kernels.causal_conv1d_update import (
+    causal_conv1d_update,
+    causal_conv1d_update_ref,
+)
+from vllm_nemotron_h.kernels.rms_norm import (
+    group_rms_norm,
+    group_rms_norm_ref,
+    rms_norm,
+    rms_norm_ref,
+)
+from vllm_nemotron_h.kernels.selective_state_update import (
+    selective_state_update,
+    selective_state_update_ref,
+)
+
+__all__ = [
+    "causal_conv1d_update",
+    "causal_conv1d_update_ref",
+    "group_rms_norm",
+    "group_rms_norm_ref",
+    "rms_norm",
+    "rms_norm_ref",
+    "selective_state_update",
+    "selective_state_update_ref",
+]

@@ -1,0 +1,54 @@
+"""Argument checks and the Triton-or-reference choice shared by the kernels in this folder."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """Triton on CUDA tensors; on CPU tensors only under the Triton interpreter (tests)."""
+    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_tensor(
+    name: str,
+    tensor: torch.Tensor | None,
+    shape: Sequence[int | None] | None = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+    device: torch.device | None = None,
+    unit_last_stride: bool = False,
+) -> None:
+    """Raises ValueError naming ``name`` when the tensor does not fit; None entries in
+    ``shape`` accept any size."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if shape is not None:
+        ok = tensor.dim() == len(shape) and all(
+            want is None or got == want for got, want in zip(tensor.shape, shape)
+        )
+        if not ok:
+            want_str = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name} must have shape {want_str}, got {tuple(tensor.shape)}")
+    if dtypes is not None and tensor.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name} must have dtype in ({allowed}), got {tensor.dtype}")
+    if device is not None and tensor.device != device:
+        raise ValueError(f"{name} must be on {device}, got {tensor.device}")
+    if unit_last_stride and tensor.dim() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tensor.stride()}")
+
+
+def check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def check_slots(state_slots: torch.Tensor | None, batch: int, device: torch.device) -> None:
+    if state_slots is not None:
+        check_tensor("state_slots", state_slots, (batch,), (torch.int64,), device)

@@ -1,0 +1,161 @@
+"""Causal depthwise conv1d for one decode token, with the rolling conv state update.
+
+For every sequence ``b`` and channel ``c`` with window ``w = [state[slot_b, c, :], x[b, c]]``::
+
+    out[b, c] = act(sum_k weight[c, k] * w[k] + bias[c])
+    state[slot_b, c, :] = w[1:]
+
+The new state is written from the values the program already holds in registers: the state
+is read once and written once. Rows whose slot equals ``null_slot`` neither read nor write
+the state; their output is zero.
+
+Shapes and dtypes:
+    x, out      (batch, dim)                    activation dtype; out may be x (in place)
+    conv_state  (num_slots, dim, width - 1)     any strides (vLLM's DS or SD layout)
+    weight      (dim, width), bias (dim,)       width 2..4
+    state_slots (batch,)                        int64
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_nemotron_h.kernels._common import (
+    ACTIVATION_DTYPES,
+    STATE_DTYPES,
+    check_range,
+    check_slots,
+    check_tensor,
+    use_triton,
+)
+
+ACTIVATIONS = (None, "silu", "swish")
+
+
+@triton.jit
+def _causal_conv1d_update_kernel(
+    x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, slots_ptr, null_slot, dim,
+    x_b, s_slot, s_dim, s_t, w_dim, w_t, o_b,
+    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    SILU: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    ch = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    ch_ok = ch < dim
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + b)
+    else:
+        slot = b
+    live = (ch * 0 + slot) != null_slot  # per-channel: a scalar mask breaks the interpreter
+    st_ok = ch_ok & live
+    st = state_ptr + slot * s_slot + ch * s_dim
+
+    # Window w0 (oldest) .. w{WIDTH-1} (the new token); unused taps stay zero.
+    xv = tl.load(x_ptr + b * x_b + ch, mask=ch_ok, other=0.0)
+    w0 = tl.load(st, mask=st_ok, other=0.0)
+    if WIDTH >= 3:
+        w1 = tl.load(st + s_t, mask=st_ok, other=0.0)
+    if WIDTH >= 4:
+        w2 = tl.load(st + 2 * s_t, mask=st_ok, other=0.0)
+
+    acc = tl.load(w_ptr + ch * w_dim + (WIDTH - 1) * w_t, mask=ch_ok, other=0.0).to(tl.float32) * xv.to(tl.float32)
+    acc += tl.load(w_ptr + ch * w_dim, mask=ch_ok, other=0.0).to(tl.float32) * w0.to(tl.float32)
+    if WIDTH >= 3:
+        acc += tl.load(w_ptr + ch * w_dim + w_t, mask=ch_ok, other=0.0).to(tl.float32) * w1.to(tl.float32)
+    if WIDTH >= 4:
+        acc += tl.load(w_ptr + ch * w_dim + 2 * w_t, mask=ch_ok, other=0.0).to(tl.float32) * w2.to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    acc = tl.where(live, acc, 0.0)
+
+    # Shift the window from registers: no second read of the state.
+    sty = state_ptr.dtype.element_ty
+    if WIDTH == 2:
+        tl.store(st, xv.to(sty), mask=st_ok)
+    if WIDTH == 3:
+        tl.store(st, w1, mask=st_ok)
+        tl.store(st + s_t, xv.to(sty), mask=st_ok)
+    if WIDTH == 4:
+        tl.store(st, w1, mask=st_ok)
+        tl.store(st + s_t, w2, mask=st_ok)
+        tl.store(st + 2 * s_t, xv.to(sty), mask=st_ok)
+    tl.store(out_ptr + b * o_b + ch, acc.to(out_ptr.dtype.element_ty), mask=ch_ok)
+
+
+def causal_conv1d_update_ref(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain-PyTorch reference with the same signature and effects (the CPU path)."""
+    batch = x.shape[0]
+    slots = state_slots if state_slots is not None else torch.arange(batch, device=x.device)
+    live = slots != null_slot
+    idx = slots[live]
+    window = torch.cat([conv_state[idx], x[live, :, None].to(conv_state.dtype)], dim=-1)
+    y = (window.float() * weight.float()).sum(-1)
+    if bias is not None:
+        y = y + bias.float()
+    if activation is not None:
+        y = torch.nn.functional.silu(y)
+    conv_state[idx] = window[..., 1:]
+    if out is None:
+        out = torch.empty_like(x)
+    out.zero_()
+    out[live] = y.to(out.dtype)
+    return out
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Convolves one new token per sequence and rolls ``conv_state`` in place."""
+    check_tensor("x", x, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
+    batch, dim = x.shape
+    dev = x.device
+    check_tensor("weight", weight, (dim, None), ACTIVATION_DTYPES, dev)
+    width = weight.shape[1]
+    check_range("weight.shape[1] (conv width)", width, 2, 4)
+    check_tensor("conv_state", conv_state, (None, dim, width - 1), STATE_DTYPES, dev)
+    if bias is not None:
+        check_tensor("bias", bias, (dim,), ACTIVATION_DTYPES, dev)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_slots(state_slots, batch, dev)
+    if out is None:
+        out = torch.empty_like(x)
+    else:
+        check_tensor("out", out, (batch, dim), ACTIVATION_DTYPES, dev, unit_last_stride=True)
+    if not use_triton(x):
+        return causal_conv1d_update_ref(
+            x, conv_state, weight, bias, activation, state_slots, null_slot, out
+        )
+    if batch == 0:
+        return out
+    block_d = 256 if dim >= 256 * 64 else 128
+    grid = (batch, triton.cdiv(dim, block_d))
+    _causal_conv1d_update_kernel[grid](
+        x, conv_state, weight, bias if bias is not None else weight, out,
+        state_slots if state_slots is not None else x, null_slot, dim,
+        x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        weight.stride(0), weight.stride(1), out.stride(0),
+        WIDTH=width, HAS_BIAS=bias is not None, HAS_SLOTS=state_slots is not None,
+        SILU=activation is not None, BLOCK_D=block_d, num_warps=4,
+    )
+    return out

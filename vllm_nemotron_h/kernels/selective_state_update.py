@@ -1,0 +1,221 @@
+"""Selective state update: one decode step of a Mamba2 layer, all math in fp32 registers.
+
+For every sequence ``b``, head ``h``, row ``p`` of the head and state column ``n``::
+
+    dt'   = softplus(dt[b, h] + dt_bias[h])
+    s     = state[slot_b, h, p, n] * exp(A[h] * dt') + dt' * B[b, g, n] * x[b, h, p]
+    y     = sum_n s * C[b, g, n] + D[h] * x[b, h, p]
+    y    *= silu(z[b, h, p])                       (when z is given)
+    state[slot_b, h, p, n] = s ;  out[b, h, p] = y
+
+with ``g = h // (nheads // ngroups)`` and ``slot_b = state_slots[b]`` (``b`` itself when no
+slots are given). Rows whose slot equals ``null_slot`` (vLLM's padding) neither read nor
+write the state; their output is zero.
+
+Shapes and dtypes:
+    state      (num_slots, nheads, head_dim, d_state)  fp32 / bf16 / fp16, updated in place
+    x, z, out  (batch, nheads, head_dim)               activation dtype (fp32 / bf16 / fp16)
+    dt         (batch, nheads)                          activation dtype
+    A, D, dt_bias (nheads,)                             fp32; A = -exp(A_log), computed at load
+    B, C       (batch, ngroups, d_state)                activation dtype
+    state_slots (batch,)                                int64
+Supported: d_state 16..256, head_dim 32..128 (80 included), ngroups dividing nheads.
+
+One Triton program owns BLOCK_M rows of one head of one sequence: it reads its state tile
+once and writes it once, so the kernel moves the minimum number of bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_nemotron_h.kernels._common import (
+    ACTIVATION_DTYPES,
+    STATE_DTYPES,
+    check_range,
+    check_slots,
+    check_tensor,
+    use_triton,
+)
+
+# (head_dim, d_state, state bytes) -> list of (max batch*nheads, BLOCK_M, num_warps), from
+# benchmarks/kernels.py on the H100 (see benchmarks/NOTES.md). Missing shapes use _default.
+TUNED_CONFIGS: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+
+
+def _default_config(head_dim: int, d_state: int, state_bytes: int) -> tuple[int, int]:
+    # Aim for about 8 KB of state per program: enough bytes in flight per SM, enough programs.
+    block_n = triton.next_power_of_2(d_state)
+    block_m = max(4, min(64, 8192 // (block_n * state_bytes)))
+    while head_dim % block_m and block_m > 4:
+        block_m //= 2  # head_dim 80: prefer tiles that divide the head (16, not 32)
+    return block_m, 4
+
+
+def launch_config(
+    head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int
+) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) for one launch."""
+    state_bytes = torch.empty((), dtype=state_dtype).element_size()
+    for max_bh, block_m, warps in TUNED_CONFIGS.get((head_dim, d_state, state_bytes), []):
+        if batch_heads <= max_bh:
+            return block_m, warps
+    return _default_config(head_dim, d_state, state_bytes)
+
+
+@triton.jit
+def _selective_state_update_kernel(
+    state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, z_ptr, out_ptr,
+    slots_ptr, null_slot, head_dim, d_state, heads_per_group,
+    s_slot, s_head, s_dim,
+    x_b, x_h, x_d, dt_b, dt_h, B_b, B_g, B_n, C_b, C_g, C_n, z_b, z_h, z_d,
+    o_b, o_h, o_d,
+    HAS_Z: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
+    g = h // heads_per_group
+
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + b)
+    else:
+        slot = b
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < head_dim
+    col_ok = cols < d_state
+    # Per-row copy of the slot test (a scalar mask breaks the Triton interpreter).
+    live = (rows * 0 + slot) != null_slot
+    tile_ok = (row_ok & live)[:, None] & col_ok[None, :]
+
+    # Issue every load before the arithmetic that needs it.
+    state_ptrs = state_ptr + slot * s_slot + h * s_head + rows[:, None] * s_dim + cols[None, :]
+    s = tl.load(state_ptrs, mask=tile_ok, other=0.0)
+    x = tl.load(x_ptr + b * x_b + h * x_h + rows * x_d, mask=row_ok, other=0.0).to(tl.float32)
+    Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + b * z_b + h * z_h + rows * z_d, mask=row_ok, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+    A = tl.load(A_ptr + h)
+    D = tl.load(D_ptr + h)
+
+    dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)  # softplus
+    decay = tl.exp(A * dt)
+    s = s.to(tl.float32) * decay + (dt * x)[:, None] * Bv[None, :]
+    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+
+    y = tl.sum(s * Cv[None, :], axis=1) + D * x
+    if HAS_Z:
+        y = y * z * tl.sigmoid(z)
+    y = tl.where(live, y, 0.0)
+    tl.store(out_ptr + b * o_b + h * o_h + rows * o_d, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+def selective_state_update_ref(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    z: torch.Tensor | None = None,
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain-PyTorch reference with the same signature and effects (the CPU path)."""
+    batch, nheads, head_dim = x.shape
+    heads_per_group = nheads // B.shape[1]
+    slots = state_slots if state_slots is not None else torch.arange(batch, device=x.device)
+    live = slots != null_slot
+    idx = slots[live]
+    s = state[idx].float()
+    dt_f = torch.nn.functional.softplus(dt[live].float() + dt_bias.float())  # (n, h)
+    Bh = B[live].float().repeat_interleave(heads_per_group, dim=1)  # (n, h, d_state)
+    Ch = C[live].float().repeat_interleave(heads_per_group, dim=1)
+    xf = x[live].float()
+    decay = torch.exp(A.float() * dt_f)[..., None, None]
+    s = s * decay + (dt_f[..., None] * xf)[..., None] * Bh[:, :, None, :]
+    state[idx] = s.to(state.dtype)
+    y = (s * Ch[:, :, None, :]).sum(-1) + D.float()[:, None] * xf
+    if z is not None:
+        y = y * torch.nn.functional.silu(z[live].float())
+    if out is None:
+        out = torch.empty_like(x)
+    out.zero_()
+    out[live] = y.to(out.dtype)
+    return out
+
+
+def _check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out) -> None:
+    check_tensor("x", x, (None, None, None), ACTIVATION_DTYPES)
+    batch, nheads, head_dim = x.shape
+    dev = x.device
+    check_tensor("state", state, (None, nheads, head_dim, None), STATE_DTYPES, dev, True)
+    d_state = state.shape[-1]
+    check_range("head_dim", head_dim, 32, 128)
+    check_range("d_state", d_state, 16, 256)
+    check_tensor("dt", dt, (batch, nheads), ACTIVATION_DTYPES, dev)
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        check_tensor(name, t, (nheads,), (torch.float32,), dev)
+    check_tensor("B", B, (batch, None, d_state), ACTIVATION_DTYPES, dev)
+    ngroups = B.shape[1]
+    if ngroups == 0 or nheads % ngroups:
+        raise ValueError(f"B.shape[1] (ngroups={ngroups}) must divide nheads={nheads}")
+    check_tensor("C", C, (batch, ngroups, d_state), ACTIVATION_DTYPES, dev)
+    if z is not None:
+        check_tensor("z", z, (batch, nheads, head_dim), ACTIVATION_DTYPES, dev)
+    if out is not None:
+        check_tensor("out", out, (batch, nheads, head_dim), ACTIVATION_DTYPES, dev)
+    check_slots(state_slots, batch, dev)
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    z: torch.Tensor | None = None,
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Advances ``state`` by one token in place and returns ``out`` (see module doc)."""
+    _check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out)
+    if out is None:
+        out = torch.empty_like(x)
+    if not use_triton(x):
+        return selective_state_update_ref(
+            state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out
+        )
+    batch, nheads, head_dim = x.shape
+    if batch == 0:
+        return out
+    d_state = state.shape[-1]
+    block_m, num_warps = launch_config(head_dim, d_state, state.dtype, batch * nheads)
+    zz = z if z is not None else x
+    grid = (triton.cdiv(head_dim, block_m), batch, nheads)
+    _selective_state_update_kernel[grid](
+        state, x, dt, A, B, C, D, dt_bias, zz, out,
+        state_slots if state_slots is not None else x, null_slot,
+        head_dim, d_state, nheads // B.shape[1],
+        state.stride(0), state.stride(1), state.stride(2),
+        x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),
+        B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
+        zz.stride(0), zz.stride(1), zz.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        HAS_Z=z is not None, HAS_SLOTS=state_slots is not None,
+        BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state), num_warps=num_warps,
+    )
+    return out

@@ -1,0 +1,1 @@
+"""The plugin's Nemotron-H model: decoder layers, Mamba2 mixer, state cache manager."""

@@ -1,0 +1,117 @@
+"""Nemotron-H MoE layers on CPU, where vLLM's FusedMoE refuses non-gated relu2 experts.
+
+Routing follows the checkpoint's config exactly (sigmoid scores, e_score_correction_bias for
+the choice, grouped top-k, renormalised weights times routed_scaling_factor). Each expert is
+vLLM's ``NemotronHMLP`` (column/row-parallel, so tensor parallel works); every expert runs
+on every token and is weighted by its routing weight (zero when not chosen): no
+data-dependent shapes, which keeps the layer compilable. That costs n_experts times the
+expert FLOPs, acceptable for the small checkpoints served on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vllm.distributed import (
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+from vllm.model_executor.layers.fused_moe import GateLinear
+from vllm.model_executor.models import nemotron_h as vllm_nemotron_h
+
+from vllm_nemotron_h.model_executor.custom_ops import RMSNorm
+
+
+def route(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, expert ids), each (tokens, top_k), as the HF reference routes."""
+    scores = router_logits.float().sigmoid()
+    choice = scores + correction_bias.float()
+    n_exp = choice.shape[-1]
+    group_scores = choice.view(-1, n_group, n_exp // n_group).topk(2, dim=-1)[0].sum(-1)
+    group_idx = group_scores.topk(topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0)
+    expert_mask = group_mask.unsqueeze(-1).expand(-1, n_group, n_exp // n_group).reshape(-1, n_exp)
+    choice = choice.masked_fill(expert_mask == 0, float("-inf"))
+    ids = choice.topk(top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
+class CpuNemotronHMoE(nn.Module):
+    def __init__(self, config, quant_config=None, parallel_config=None, prefix: str = "") -> None:
+        super().__init__()
+        if getattr(config, "moe_latent_size", None) is not None:
+            raise ValueError(
+                "moe_latent_size is not supported by the CPU MoE path of vllm-nemotron-h "
+                f"(got {config.moe_latent_size}); supported: null"
+            )
+        self.config = config
+        self.tp_size = get_tensor_model_parallel_world_size()
+        # The attributes vLLM's MixtureOfExperts bookkeeping reads (no EPLB on CPU).
+        self.n_routed_experts = config.n_routed_experts
+        self.n_shared_experts = config.n_shared_experts or 0
+        self.n_logical_experts = self.n_physical_experts = self.n_routed_experts
+        self.n_local_physical_experts = self.n_routed_experts
+        self.n_redundant_experts = 0
+
+        self.gate = GateLinear(
+            config.hidden_size, config.n_routed_experts, out_dtype=torch.float32,
+            force_fp32_compute=True, prefix=f"{prefix}.gate",
+        )
+        self.gate.e_score_correction_bias = nn.Parameter(
+            torch.zeros(config.n_routed_experts, dtype=torch.float32)
+        )
+        self.experts = nn.ModuleList(
+            vllm_nemotron_h.NemotronHMLP(
+                config, hidden_size=config.hidden_size,
+                intermediate_size=config.moe_intermediate_size, quant_config=quant_config,
+                bias=config.mlp_bias, reduce_results=False, prefix=f"{prefix}.experts.{i}",
+            )
+            for i in range(config.n_routed_experts)
+        )
+        self.shared_experts = None
+        if self.n_shared_experts:
+            self.shared_experts = vllm_nemotron_h.NemotronHMLP(
+                config, hidden_size=config.hidden_size,
+                intermediate_size=config.moe_shared_expert_intermediate_size * self.n_shared_experts,
+                quant_config=quant_config, bias=config.mlp_bias, reduce_results=False,
+                prefix=f"{prefix}.shared_experts",
+            )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        router_logits, _ = self.gate(hidden_states)
+        weights, ids = route(
+            router_logits, self.gate.e_score_correction_bias, cfg.num_experts_per_tok,
+            cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+        )
+        out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
+        for e, expert in enumerate(self.experts):
+            w = (weights * (ids == e)).sum(-1, keepdim=True)
+            out = out + expert(hidden_states).float() * w
+        out = out.to(hidden_states.dtype)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(hidden_states)
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+
+
+class CpuNemotronHMoEDecoderLayer(vllm_nemotron_h.NemotronHMoEDecoderLayer):
+    """vLLM's MoE decoder layer (its forward, and the type vLLM's model counts MoE layers
+    by) built around ``CpuNemotronHMoE``."""
+
+    def __init__(self, config, layer_idx: int, model_config=None, cache_config=None,
+                 quant_config=None, parallel_config=None, prefix: str = "") -> None:
+        nn.Module.__init__(self)  # vLLM's __init__ would build the FusedMoE CPU refuses
+        self.config = config
+        self.mixer = CpuNemotronHMoE(config, quant_config, parallel_config, f"{prefix}.mixer")
+        self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)

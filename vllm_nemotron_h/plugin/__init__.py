@@ -1,0 +1,37 @@
+"""The ``vllm.general_plugins`` entry point: vLLM calls ``register()`` in every process."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+MODEL_CLASS = "vllm_nemotron_h.model_executor.hybrid_model:NemotronHForCausalLM"
+ARCHITECTURE = "NemotronHForCausalLM"
+DISABLE_ENV = "VLLM_NEMOTRON_H_DISABLE"
+
+logger = logging.getLogger("vllm_nemotron_h")
+
+
+def disabled() -> bool:
+    """True when ``VLLM_NEMOTRON_H_DISABLE`` is set to 1/true/yes (vLLM's model then runs)."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def register() -> None:
+    """Registers the plugin's ``NemotronHForCausalLM`` lazily (by "module:Class" string, so no
+    CUDA is touched in the parent process). Calling it again is harmless."""
+    if disabled():
+        logger.info("vllm-nemotron-h: %s=1, vLLM's built-in %s stays", DISABLE_ENV, ARCHITECTURE)
+        return
+    from vllm import ModelRegistry
+
+    registered = ModelRegistry.models.get(ARCHITECTURE)
+    if getattr(registered, "module_name", None) == MODEL_CLASS.split(":")[0]:
+        return
+    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+
+
+def model_class_name(model: object) -> str:
+    """``module.Class`` of a model; ``LLM.apply_model(model_class_name)`` asks a running
+    engine which implementation it built."""
+    return f"{type(model).__module__}.{type(model).__qualname__}"
