@@ -155,6 +155,17 @@ def write_tiny_checkpoint(
                 param.normal_(0.0, std)
             elif "bias" in name:
                 param.normal_(0.0, 0.1)
+        # transformers clamps softplus(dt + dt_bias) from below at time_step_min (0.001), vLLM
+        # at 0: keep dt well above 0.001 so that both compute the same function.
+        heads = config.mamba_num_heads
+        for name, param in model.named_parameters():
+            if name.endswith("mixer.dt_bias"):
+                param.copy_(torch.expm1(torch.empty(heads).uniform_(0.01, 0.1)).log())
+            elif name.endswith("mixer.in_proj.weight"):
+                param[-heads:].normal_(0.0, 0.5 / param.shape[1] ** 0.5)
+        for name, buf in model.named_buffers():
+            if name.endswith("gate.e_score_correction_bias"):
+                buf.normal_(0.0, 0.1)
     model.generation_config.eos_token_id = None
     model.to(getattr(torch, dtype)).save_pretrained(str(path))
     cfg = json.loads((path / "config.json").read_text())

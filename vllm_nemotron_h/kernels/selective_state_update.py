@@ -191,8 +191,10 @@ def selective_state_update(
     state_slots: torch.Tensor | None = None,
     null_slot: int = -1,
     out: torch.Tensor | None = None,
+    config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """Advances ``state`` by one token in place and returns ``out`` (see module doc)."""
+    """Advances ``state`` by one token in place and returns ``out`` (see module doc).
+    ``config`` = (BLOCK_M, num_warps) overrides the tuned launch configuration."""
     _check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out)
     if out is None:
         out = torch.empty_like(x)
@@ -204,7 +206,7 @@ def selective_state_update(
     if batch == 0:
         return out
     d_state = state.shape[-1]
-    block_m, num_warps = launch_config(head_dim, d_state, state.dtype, batch * nheads)
+    block_m, num_warps = config or launch_config(head_dim, d_state, state.dtype, batch * nheads)
     zz = z if z is not None else x
     grid = (triton.cdiv(head_dim, block_m), batch, nheads)
     _selective_state_update_kernel[grid](

@@ -1,0 +1,50 @@
+import pytest
+import torch
+from helpers import DEVICES, TOL, poisoned, rel_err
+
+from vllm_nemotron_h.kernels import causal_conv1d_update, causal_conv1d_update_ref
+
+
+def make(device, batch, dim, width, dtype, state_dim_first, bias):
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
+    rnd = lambda *s: torch.randn(*s, generator=g, device=device).to(dtype)  # noqa: E731
+    slots_total = batch + 2
+    if state_dim_first:
+        state = rnd(slots_total, dim, width - 1)
+    else:  # vLLM's "SD" layout: (slot, width-1, dim) seen transposed
+        state = rnd(slots_total, width - 1, dim).transpose(-1, -2)
+    x = rnd(batch, dim + 8)[:, 4 : 4 + dim]  # strided rows, as in the projection output
+    slots = torch.randperm(slots_total - 1, generator=g, device=device)[:batch] + 1
+    slots[-1] = 0
+    return dict(x=x, conv_state=state, weight=rnd(dim, width), bias=rnd(dim) if bias else None,
+                state_slots=slots)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("state_dim_first", [True, False])
+def test_matches_reference(device, width, state_dim_first):
+    dims = (40, 300) if device == "cpu" else (10240, 12288, 6144)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    for dim in dims:
+        for batch, bias, act in ((3, True, "silu"), (5, False, None)):
+            t = make(device, batch, dim, width, dtype, state_dim_first, bias)
+            s_ref = t["conv_state"].clone()
+            ref = causal_conv1d_update_ref(**{**t, "conv_state": s_ref}, activation=act, null_slot=0)
+            out = poisoned(ref)
+            before = t["conv_state"].clone()
+            causal_conv1d_update(**t, activation=act, null_slot=0, out=out)
+            assert rel_err(out, ref) < TOL[dtype]
+            assert torch.equal(t["conv_state"], s_ref), "state shift must be exact"
+            assert (out[-1] == 0).all()
+            assert torch.equal(t["conv_state"][0], before[0])
+
+
+def test_bad_arguments_raise():
+    t = make("cpu", 2, 16, 4, torch.float32, True, True)
+    with pytest.raises(ValueError, match="conv width"):
+        causal_conv1d_update(**{**t, "weight": torch.zeros(16, 5)})
+    with pytest.raises(ValueError, match="activation"):
+        causal_conv1d_update(**t, activation="gelu")
+    with pytest.raises(ValueError, match="conv_state must have shape"):
+        causal_conv1d_update(**{**t, "conv_state": torch.zeros(4, 16, 2)})

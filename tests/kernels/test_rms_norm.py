@@ -1,0 +1,49 @@
+import pytest
+import torch
+from helpers import DEVICES, TOL, rel_err
+
+from vllm_nemotron_h.kernels import group_rms_norm, group_rms_norm_ref, rms_norm, rms_norm_ref
+
+
+def rnd(device, *shape, dtype=torch.float32):
+    return torch.randn(*shape, device=device).to(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_rms_norm_matches_reference(device, dtype, with_residual):
+    hidden = (96, 320) if device == "cpu" else (4096, 4480, 2688)
+    for h in hidden:
+        x = rnd(device, 5, h + 16, dtype=dtype)[:, :h]  # strided rows
+        w = rnd(device, h, dtype=dtype)
+        res = rnd(device, 5, h, dtype=dtype) if with_residual else None
+        ref = rms_norm_ref(x, w, 1e-5, res)
+        got = rms_norm(x, w, 1e-5, res)
+        if with_residual:
+            assert rel_err(got[0], ref[0]) < TOL[dtype]
+            # x + residual rounded once to x.dtype (the interpreter may round bf16 differently)
+            assert rel_err(got[1], ref[1]) < TOL[dtype]
+        else:
+            assert rel_err(got, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gate", [True, False])
+def test_group_rms_norm_matches_reference(device, dtype, gate):
+    cases = ((96, 24), (160, 160)) if device == "cpu" else ((8192, 1024), (10240, 1280), (4096, 512))
+    for hidden, group in cases:
+        x = rnd(device, 4, hidden, dtype=dtype)
+        z = rnd(device, 4, hidden, dtype=dtype) if gate else None
+        w = rnd(device, hidden, dtype=dtype)
+        assert rel_err(group_rms_norm(x, w, group, 1e-5, z), group_rms_norm_ref(x, w, group, 1e-5, z)) < TOL[dtype]
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="group_size"):
+        group_rms_norm(torch.zeros(2, 10), torch.ones(10), 3, 1e-5)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        rms_norm(torch.zeros(2, 10), torch.ones(9), 1e-5)
+    with pytest.raises(ValueError, match="residual must have shape"):
+        rms_norm(torch.zeros(2, 10), torch.ones(10), 1e-5, torch.zeros(3, 10))

@@ -1,0 +1,92 @@
+import pytest
+import torch
+from helpers import DEVICES, TOL, poisoned, rel_err
+
+from vllm_nemotron_h.kernels import selective_state_update, selective_state_update_ref
+
+# (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
+CPU_SHAPES = [(4, 80, 16, 2), (2, 32, 256, 1), (4, 64, 64, 4)]
+GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 256, 1)]
+
+
+def make_inputs(device, batch, nheads, head_dim, d_state, ngroups, state_dtype, act, gate,
+                noncontig):
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
+
+    def rnd(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g, device=device).to(dtype)
+
+    slots_total = batch + 3
+    state = rnd(slots_total, nheads, head_dim, d_state, dtype=state_dtype)
+    if noncontig:  # x, B, C, z, dt as strided views of a projection output
+        width = 2 * nheads * head_dim + 2 * ngroups * d_state + nheads
+        proj = rnd(batch, width, dtype=act)
+        z = proj[:, : nheads * head_dim].view(batch, nheads, head_dim)
+        o = nheads * head_dim
+        x = proj[:, o : o + nheads * head_dim].view(batch, nheads, head_dim)
+        o += nheads * head_dim
+        B = proj[:, o : o + ngroups * d_state].view(batch, ngroups, d_state)
+        o += ngroups * d_state
+        C = proj[:, o : o + ngroups * d_state].view(batch, ngroups, d_state)
+        dt = proj[:, o + ngroups * d_state :]
+    else:
+        x, z = rnd(batch, nheads, head_dim, dtype=act), rnd(batch, nheads, head_dim, dtype=act)
+        B, C = rnd(batch, ngroups, d_state, dtype=act), rnd(batch, ngroups, d_state, dtype=act)
+        dt = rnd(batch, nheads, dtype=act)
+    slots = torch.randperm(slots_total - 1, generator=g, device=device)[:batch] + 1
+    slots[0] = 0  # a padded row: vLLM's null block
+    return dict(state=state, x=x, dt=dt, A=-rnd(nheads).abs() - 0.1, B=B, C=C, D=rnd(nheads),
+                dt_bias=rnd(nheads) * 0.5, z=z if gate else None, state_slots=slots)
+
+
+def check(device, shape, batch, state_dtype, act, gate, noncontig):
+    t = make_inputs(device, batch, *shape, state_dtype, act, gate, noncontig)
+    s_ref = t["state"].clone()
+    ref = selective_state_update_ref(**{**t, "state": s_ref}, null_slot=0)
+    out = poisoned(ref)
+    before = t["state"].clone()
+    selective_state_update(**t, null_slot=0, out=out)
+    tol = TOL[act] if state_dtype == torch.float32 else max(TOL[act], TOL[state_dtype])
+    assert rel_err(out, ref) < tol
+    assert rel_err(t["state"], s_ref) < max(tol, TOL[state_dtype])
+    assert (out[0] == 0).all(), "the null-slot row must be zero"
+    assert torch.equal(t["state"][0], before[0]), "the null slot's state must stay untouched"
+    untouched = torch.ones(t["state"].shape[0], dtype=torch.bool, device=device)
+    untouched[t["state_slots"]] = False
+    assert torch.equal(t["state"][untouched], before[untouched])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gate", [True, False])
+def test_matches_reference(device, state_dtype, gate):
+    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    for i, shape in enumerate(shapes):
+        for batch in ((3,) if device == "cpu" else (1, 7, 64)):
+            check(device, shape, batch, state_dtype, act, gate, noncontig=bool(i % 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_activation_dtypes(device, act):
+    check(device, (4, 80, 16, 2), 2, torch.float32, act, gate=True, noncontig=True)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(B=torch.zeros(2, 3, 16)), "ngroups"),
+        (dict(A=torch.zeros(4, dtype=torch.float64)), "A must have dtype"),
+        (dict(state_slots=torch.zeros(2, dtype=torch.int32)), "state_slots"),
+        (dict(x=torch.zeros(2, 4, 20)), "head_dim"),
+        (dict(dt=torch.zeros(3, 4)), "dt must have shape"),
+    ],
+)
+def test_bad_arguments_raise(change, message):
+    t = make_inputs("cpu", 2, 4, 32, 16, 2, torch.float32, torch.float32, True, False)
+    if "x" in change:
+        t["state"] = torch.zeros(5, 4, 20, 16)
+    t.update(change)
+    with pytest.raises(ValueError, match=message):
+        selective_state_update(**t, null_slot=0)
