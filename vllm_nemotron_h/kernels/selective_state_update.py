@@ -40,9 +40,17 @@ from vllm_nemotron_h.kernels._common import (
     use_triton,
 )
 
-# (head_dim, d_state, state bytes) -> list of (max batch*nheads, BLOCK_M, num_warps), from
-# benchmarks/kernels.py on the H100 (see benchmarks/NOTES.md). Missing shapes use _default.
-TUNED_CONFIGS: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+# (head_dim, d_state, state bytes) -> list of (max batch*nheads, BLOCK_M, num_warps): the best
+# of the sweep in benchmarks/kernels.py --tune on the H100 (benchmarks/results/ssu-tuning-h100.log,
+# benchmarks/NOTES.md). Tuned on copies of the state: tuning on the live state would advance it.
+# Shapes not listed use _default_config.
+_BIG = 1 << 62
+TUNED_CONFIGS: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {
+    (64, 128, 4): [(1024, 8, 1), (8192, 32, 1), (_BIG, 16, 1)],
+    (64, 128, 2): [(1024, 4, 1), (_BIG, 32, 2)],
+    (80, 128, 4): [(1024, 8, 1), (_BIG, 16, 2)],
+    (80, 128, 2): [(1024, 4, 1), (_BIG, 16, 2)],
+}
 
 
 def _default_config(head_dim: int, d_state: int, state_bytes: int) -> tuple[int, int]:

@@ -61,7 +61,9 @@ class PluginMambaMixer2(MambaMixer2):
         metadata = get_forward_context().attn_metadata
         metadata = metadata.get(self.prefix) if metadata is not None else None
         if metadata is None:
-            return  # profile run: nothing to compute against the state cache
+            # Profile run: let vLLM autotune its prefill kernels while memory is free.
+            self._warmup_ssd_kernels(projected_states)
+            return
         assert isinstance(metadata, StateSlotsMetadata)
         conv_state = self.kv_cache[0] if is_conv_state_dim_first() else self.kv_cache[0].transpose(-1, -2)
         ssm_state = self.kv_cache[1]

@@ -1,0 +1,154 @@
+"""End-to-end decode benchmark: vLLM's built-in Nemotron-H against the plugin, same GPU, same job.
+
+Each (model, SSM state dtype, implementation) runs in its own process: random bf16 weights at
+the real shapes (load_format="dummy"), torch.compile + CUDA graphs, prompt 128 tokens,
+256 new tokens (ignore_eos). The decode rate is batch * 256 / (t(257 tokens) - t(1 token));
+time to first token is t(1 token). Rows are merged into benchmarks/results/e2e-<gpu>.json
+(keys model, batch, state_dtype, plugin_tok_s, builtin_tok_s, ...) and plotted.
+
+    python benchmarks/e2e.py --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+PROMPT_LEN, NEW_TOKENS = 128, 256
+
+
+def child(model: str, state_dtype: str, batches: list[int]) -> dict:
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vllm_nemotron_h.checkpoints import write_real_shape_config
+    from vllm_nemotron_h.plugin import model_class_name
+
+    cfg_dir = write_real_shape_config(Path(tempfile.mkdtemp()) / model, model)
+    t0 = time.perf_counter()
+    llm = LLM(model=str(cfg_dir), load_format="dummy", dtype="bfloat16",
+              mamba_ssm_cache_dtype=state_dtype, max_model_len=PROMPT_LEN + NEW_TOKENS + 16,
+              max_num_seqs=max(batches), gpu_memory_utilization=0.9,
+              compilation_config={"cudagraph_capture_sizes": sorted(set(batches))})
+    start_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(0)
+    out = dict(model_class=llm.apply_model(model_class_name)[0], engine_start_s=round(start_s, 1),
+               batches={})
+    for b in batches:
+        prompts = [{"prompt_token_ids": torch.randint(10, 100000, (PROMPT_LEN,), generator=gen).tolist()}
+                   for _ in range(b)]
+
+        def timed(n: int) -> float:
+            p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            llm.generate(prompts, p, use_tqdm=False)
+            return time.perf_counter() - t
+
+        timed(8)  # warm-up
+        t1 = min(timed(1) for _ in range(2))
+        tn = timed(NEW_TOKENS + 1)
+        decode_s = tn - t1
+        out["batches"][b] = dict(tok_s=b * NEW_TOKENS / decode_s, tpot_ms=1e3 * decode_s / NEW_TOKENS,
+                                 ttft_ms=1e3 * t1)
+        print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", flush=True)
+    return out
+
+
+def run_child(model: str, state_dtype: str, impl: str, batches: list[int]) -> dict:
+    env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+    env.pop("VLLM_NEMOTRON_H_DISABLE", None)
+    if impl == "builtin":
+        env["VLLM_NEMOTRON_H_DISABLE"] = "1"
+    cmd = [sys.executable, __file__, "--child", model, state_dtype, ",".join(map(str, batches))]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("CHILD_RESULT "):
+            return json.loads(line[len("CHILD_RESULT "):])
+    raise RuntimeError(f"{impl} {model} {state_dtype} failed:\n{proc.stderr[-5000:]}")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        model, sdt, batches = sys.argv[2], sys.argv[3], [int(b) for b in sys.argv[4].split(",")]
+        print("CHILD_RESULT " + json.dumps(child(model, sdt, batches)), flush=True)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="nemotron-h-8b,nano-9b-v2")
+    ap.add_argument("--state-dtypes", default="float32,bfloat16")
+    ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument("--impls", default="builtin,plugin")
+    args = ap.parse_args()
+    import torch
+    import vllm
+
+    gpu = torch.cuda.get_device_name()
+    tag = "h100" if "H100" in gpu else gpu.split()[-1].lower()
+    path = RESULTS / f"e2e-{tag}.json"
+    doc = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
+    doc["meta"] = dict(gpu=gpu, vllm=vllm.__version__, torch=torch.__version__,
+                       date=time.strftime("%Y-%m-%d"), prompt_len=PROMPT_LEN, new_tokens=NEW_TOKENS,
+                       weights="random bf16 (load_format=dummy)", mode="torch.compile + CUDA graphs")
+    batches = [int(b) for b in args.batches.split(",")]
+    for model in args.models.split(","):
+        for sdt in args.state_dtypes.split(","):
+            res = {impl: run_child(model, sdt, impl, batches) for impl in args.impls.split(",")}
+            for b in batches:
+                key = dict(model=model, batch=b, state_dtype=sdt)
+                row = next((r for r in doc["rows"] if all(r[k] == v for k, v in key.items())), None)
+                if row is None:
+                    row = dict(key)
+                    doc["rows"].append(row)
+                for impl, r in res.items():
+                    m = r["batches"][str(b)]
+                    row.update({f"{impl}_tok_s": round(m["tok_s"], 1),
+                                f"{impl}_tpot_ms": round(m["tpot_ms"], 3),
+                                f"{impl}_ttft_ms": round(m["ttft_ms"], 1),
+                                f"{impl}_class": r["model_class"],
+                                f"{impl}_engine_start_s": r["engine_start_s"]})
+                if "plugin_tok_s" in row and "builtin_tok_s" in row:
+                    row["speedup"] = round(row["plugin_tok_s"] / row["builtin_tok_s"], 3)
+                print(json.dumps(row), flush=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=1))
+    plot(doc, path.with_suffix(".png"))
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["rows"] if "plugin_tok_s" in r and "builtin_tok_s" in r]
+    combos = sorted({(r["model"], r["state_dtype"]) for r in rows})
+    if not combos:
+        return
+    fig, axes = plt.subplots(1, len(combos), figsize=(4 * len(combos), 3.5), squeeze=False)
+    for ax, (m, s) in zip(axes[0], combos):
+        sel = sorted((r for r in rows if r["model"] == m and r["state_dtype"] == s),
+                     key=lambda r: r["batch"])
+        x = range(len(sel))
+        ax.bar([i - 0.2 for i in x], [r["builtin_tok_s"] for r in sel], 0.4, label="vLLM built-in")
+        ax.bar([i + 0.2 for i in x], [r["plugin_tok_s"] for r in sel], 0.4, label="plugin")
+        for i, r in zip(x, sel):
+            ax.text(i + 0.2, r["plugin_tok_s"], f"x{r['speedup']:.2f}", ha="center", fontsize=7)
+        ax.set_xticks(list(x), [f"B={r['batch']}" for r in sel])
+        ax.set_yscale("log")
+        ax.set_title(f"{m}, {s} state", fontsize=9)
+        ax.set_ylabel("decode tokens/s")
+        ax.legend(fontsize=7)
+    meta = doc["meta"]
+    fig.suptitle(f"{meta['gpu']}, vLLM {meta['vllm']}, {meta['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    main()

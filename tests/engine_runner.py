@@ -1,0 +1,59 @@
+"""Runs one vLLM engine in a fresh process and prints one JSON line with what it generated.
+
+The tests start engines through this script when they need a process of their own (vLLM's
+built-in model with VLLM_NEMOTRON_H_DISABLE=1, GPU runs, tensor parallel):
+
+    python tests/engine_runner.py '{"model": "...", "prompts": [[1, 2, 3]], "max_tokens": 8,
+                                    "engine": {"dtype": "float32"}, "logprobs": false}'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def run(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    from vllm_nemotron_h.plugin import model_class_name
+
+    llm = LLM(model=spec["model"], **spec.get("engine", {}))
+    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 16), ignore_eos=True,
+                            logprobs=1 if spec.get("logprobs") else None)
+    prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
+    result: dict = {"model_class": llm.apply_model(model_class_name)[0]}
+    if spec.get("profile"):
+        result["profile"] = profile_decode(llm, prompts[0], params)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+    if spec.get("logprobs"):
+        result["logprobs"] = [
+            [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+            for o in outs
+        ]
+    return result
+
+
+def profile_decode(llm, prompt, params) -> list[list]:
+    """CUDA kernels of a few decode steps, by total time (engine must run in this process:
+    VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from vllm import SamplingParams
+
+    llm.generate([prompt], SamplingParams(max_tokens=2), use_tqdm=False)  # warm
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                     use_tqdm=False)
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count, round(e.device_time_total, 1)) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r[2])[:40]
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    print("ENGINE_RESULT " + json.dumps(run(json.loads(sys.argv[1]))), flush=True)

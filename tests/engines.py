@@ -1,0 +1,40 @@
+"""Starting engines for tests: in a subprocess (own environment) or in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+RUNNER = Path(__file__).with_name("engine_runner.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    """The environment for engine processes: no Triton interpreter (kernel tests set it),
+    insecure serialization on (apply_model sends a function to the worker)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
+def run_engine(spec: dict, timeout: float = 900, **env: str) -> dict:
+    """Runs tests/engine_runner.py with ``spec`` in a new process and returns its result."""
+    proc = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], env=engine_env(**env),
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    for line in proc.stdout.splitlines():
+        if line.startswith("ENGINE_RESULT "):
+            return json.loads(line[len("ENGINE_RESULT "):])
+    raise RuntimeError(f"engine failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
+
+
+def run_engine_expect_failure(spec: dict, timeout: float = 600, **env: str) -> str:
+    """Runs an engine that must fail to start; returns its stderr."""
+    proc = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], env=engine_env(**env),
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert "ENGINE_RESULT" not in proc.stdout, "the engine started although it should not"
+    return proc.stderr
