@@ -4,7 +4,11 @@ The tests start engines through this script when they need a process of their ow
 built-in model with VLLM_NEMOTRON_H_DISABLE=1, GPU runs, tensor parallel):
 
     python tests/engine_runner.py '{"model": "...", "prompts": [[1, 2, 3]], "max_tokens": 8,
-                                    "engine": {"dtype": "float32"}, "logprobs": false}'
+                                    "engine": {"dtype": "float32"}, "logprobs": false,
+                                    "jobs": [[[1, 2]], [[3, 4], [5]]]}'
+
+``prompts`` run as one batch (result "tokens"); each entry of ``jobs`` runs afterwards as a
+batch of its own through the same engine (result "jobs").
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ def run(spec: dict) -> dict:
         result["profile"] = profile_decode(llm, prompts[0], params)
     outs = llm.generate(prompts, params, use_tqdm=False)
     result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+    # Further batches through the same engine (batch invariance, slot reuse).
+    result["jobs"] = [
+        [list(o.outputs[0].token_ids) for o in llm.generate(
+            [{"prompt_token_ids": p} for p in job], params, use_tqdm=False)]
+        for job in spec.get("jobs", [])
+    ]
     if spec.get("logprobs"):
         result["logprobs"] = [
             [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]

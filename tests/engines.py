@@ -33,8 +33,8 @@ def run_engine(spec: dict, timeout: float = 900, **env: str) -> dict:
 
 
 def run_engine_expect_failure(spec: dict, timeout: float = 600, **env: str) -> str:
-    """Runs an engine that must fail to start; returns its stderr."""
+    """Runs an engine that must fail to start; returns its output (vLLM logs go to both)."""
     proc = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], env=engine_env(**env),
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert "ENGINE_RESULT" not in proc.stdout, "the engine started although it should not"
-    return proc.stderr
+    return proc.stdout + proc.stderr

