@@ -39,7 +39,9 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
     spec = dict(model=checkpoint, prompts=PROMPTS, max_tokens=NEW,
                 engine=dict(ENGINE, dtype="float32", enforce_eager=True))
     eager = run_engine(dict(spec, profile=True), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    graphs = run_engine(dict(spec, engine=dict(ENGINE, dtype="float32", max_num_seqs=2)))
+    # CUDA graphs with more requests (4) than decode slots captured per graph (max_num_seqs=2).
+    graphs = run_engine(dict(spec, engine=dict(ENGINE, dtype="float32", max_num_seqs=2,
+                                               compilation_config={"cudagraph_capture_sizes": [1, 2]})))
     builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")
     assert eager["model_class"].startswith("vllm_nemotron_h.")
     assert graphs["model_class"].startswith("vllm_nemotron_h.")
@@ -59,7 +61,7 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
 
 def test_bf16_logprobs_close_to_builtin(checkpoint):
     spec = dict(model=checkpoint, prompts=PROMPTS, max_tokens=NEW, logprobs=True,
-                engine=dict(ENGINE, dtype="bfloat16"))
+                engine=dict(ENGINE, dtype="bfloat16", enforce_eager=True))
     ours = run_engine(spec)
     builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")
     # Compare the logprobs each assigned to the tokens both generated, up to the first split.
