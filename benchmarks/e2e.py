@@ -33,17 +33,28 @@ def child(model: str, state_dtype: str, batches: list[int]) -> dict:
 
     cfg_dir = write_real_shape_config(Path(tempfile.mkdtemp()) / model, model)
     t0 = time.perf_counter()
-    llm = LLM(model=str(cfg_dir), load_format="dummy", dtype="bfloat16",
-              mamba_ssm_cache_dtype=state_dtype, max_model_len=PROMPT_LEN + NEW_TOKENS + 16,
-              max_num_seqs=max(batches), gpu_memory_utilization=0.9,
-              compilation_config={"cudagraph_capture_sizes": sorted(set(batches))})
+    llm = LLM(
+        model=str(cfg_dir),
+        load_format="dummy",
+        dtype="bfloat16",
+        mamba_ssm_cache_dtype=state_dtype,
+        max_model_len=PROMPT_LEN + NEW_TOKENS + 16,
+        max_num_seqs=max(batches),
+        gpu_memory_utilization=0.9,
+        compilation_config={"cudagraph_capture_sizes": sorted(set(batches))},
+    )
     start_s = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
-    out = dict(model_class=llm.apply_model(model_class_name)[0], engine_start_s=round(start_s, 1),
-               batches={})
+    out = dict(
+        model_class=llm.apply_model(model_class_name)[0],
+        engine_start_s=round(start_s, 1),
+        batches={},
+    )
     for b in batches:
-        prompts = [{"prompt_token_ids": torch.randint(10, 100000, (PROMPT_LEN,), generator=gen).tolist()}
-                   for _ in range(b)]
+        prompts = [
+            {"prompt_token_ids": torch.randint(10, 100000, (PROMPT_LEN,), generator=gen).tolist()}
+            for _ in range(b)
+        ]
 
         def timed(n: int) -> float:
             p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -56,8 +67,9 @@ def child(model: str, state_dtype: str, batches: list[int]) -> dict:
         t1 = min(timed(1) for _ in range(2))
         tn = timed(NEW_TOKENS + 1)
         decode_s = tn - t1
-        out["batches"][b] = dict(tok_s=b * NEW_TOKENS / decode_s, tpot_ms=1e3 * decode_s / NEW_TOKENS,
-                                 ttft_ms=1e3 * t1)
+        out["batches"][b] = dict(
+            tok_s=b * NEW_TOKENS / decode_s, tpot_ms=1e3 * decode_s / NEW_TOKENS, ttft_ms=1e3 * t1
+        )
         print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", flush=True)
     return out
 
@@ -71,7 +83,7 @@ def run_child(model: str, state_dtype: str, impl: str, batches: list[int]) -> di
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("CHILD_RESULT "):
-            return json.loads(line[len("CHILD_RESULT "):])
+            return json.loads(line[len("CHILD_RESULT ") :])
     raise RuntimeError(f"{impl} {model} {state_dtype} failed:\n{proc.stderr[-5000:]}")
 
 
@@ -93,9 +105,16 @@ def main() -> None:
     tag = "h100" if "H100" in gpu else gpu.split()[-1].lower()
     path = RESULTS / f"e2e-{tag}.json"
     doc = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
-    doc["meta"] = dict(gpu=gpu, vllm=vllm.__version__, torch=torch.__version__,
-                       date=time.strftime("%Y-%m-%d"), prompt_len=PROMPT_LEN, new_tokens=NEW_TOKENS,
-                       weights="random bf16 (load_format=dummy)", mode="torch.compile + CUDA graphs")
+    doc["meta"] = dict(
+        gpu=gpu,
+        vllm=vllm.__version__,
+        torch=torch.__version__,
+        date=time.strftime("%Y-%m-%d"),
+        prompt_len=PROMPT_LEN,
+        new_tokens=NEW_TOKENS,
+        weights="random bf16 (load_format=dummy)",
+        mode="torch.compile + CUDA graphs",
+    )
     batches = [int(b) for b in args.batches.split(",")]
     for model in args.models.split(","):
         for sdt in args.state_dtypes.split(","):
@@ -108,11 +127,15 @@ def main() -> None:
                     doc["rows"].append(row)
                 for impl, r in res.items():
                     m = r["batches"][str(b)]
-                    row.update({f"{impl}_tok_s": round(m["tok_s"], 1),
-                                f"{impl}_tpot_ms": round(m["tpot_ms"], 3),
-                                f"{impl}_ttft_ms": round(m["ttft_ms"], 1),
-                                f"{impl}_class": r["model_class"],
-                                f"{impl}_engine_start_s": r["engine_start_s"]})
+                    row.update(
+                        {
+                            f"{impl}_tok_s": round(m["tok_s"], 1),
+                            f"{impl}_tpot_ms": round(m["tpot_ms"], 3),
+                            f"{impl}_ttft_ms": round(m["ttft_ms"], 1),
+                            f"{impl}_class": r["model_class"],
+                            f"{impl}_engine_start_s": r["engine_start_s"],
+                        }
+                    )
                 if "plugin_tok_s" in row and "builtin_tok_s" in row:
                     row["speedup"] = round(row["plugin_tok_s"] / row["builtin_tok_s"], 3)
                 print(json.dumps(row), flush=True)
@@ -123,6 +146,7 @@ def main() -> None:
 
 def plot(doc: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -132,8 +156,9 @@ def plot(doc: dict, path: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(combos), figsize=(4 * len(combos), 3.5), squeeze=False)
     for ax, (m, s) in zip(axes[0], combos):
-        sel = sorted((r for r in rows if r["model"] == m and r["state_dtype"] == s),
-                     key=lambda r: r["batch"])
+        sel = sorted(
+            (r for r in rows if r["model"] == m and r["state_dtype"] == s), key=lambda r: r["batch"]
+        )
         x = range(len(sel))
         ax.bar([i - 0.2 for i in x], [r["builtin_tok_s"] for r in sel], 0.4, label="vLLM built-in")
         ax.bar([i + 0.2 for i in x], [r["plugin_tok_s"] for r in sel], 0.4, label="plugin")

@@ -47,7 +47,7 @@ def time_rotating(make_call, bytes_per_call: int) -> float:
             c()
 
     ms = triton.testing.do_bench_cudagraph(run, rep=100, return_mode="median")
-    del calls
+    calls.clear()  # free the input sets before the next measurement
     torch.cuda.empty_cache()
     return ms * 1e3 / sets
 
@@ -64,50 +64,89 @@ def ssu_inputs(sh: dict, batch: int, state_dtype, act=torch.bfloat16, gate: bool
     state = torch.randn(batch + 1, H, P, N, device=dev).to(state_dtype)
     slots = torch.randperm(batch, device=dev) + 1  # slot 0 is vLLM's null block
     return dict(
-        state=state, x=torch.randn(batch, H, P, device=dev, dtype=act),
-        dt=torch.randn(batch, H, device=dev, dtype=act), A=-torch.rand(H, device=dev) - 0.5,
-        B=torch.randn(batch, G, N, device=dev, dtype=act), C=torch.randn(batch, G, N, device=dev, dtype=act),
-        D=torch.randn(H, device=dev), dt_bias=torch.randn(H, device=dev) * 0.1,
+        state=state,
+        x=torch.randn(batch, H, P, device=dev, dtype=act),
+        dt=torch.randn(batch, H, device=dev, dtype=act),
+        A=-torch.rand(H, device=dev) - 0.5,
+        B=torch.randn(batch, G, N, device=dev, dtype=act),
+        C=torch.randn(batch, G, N, device=dev, dtype=act),
+        D=torch.randn(H, device=dev),
+        dt_bias=torch.randn(H, device=dev) * 0.1,
         z=torch.randn(batch, H, P, device=dev, dtype=act) if gate else None,
-        slots=slots, out=torch.empty(batch, H, P, device=dev, dtype=act),
+        slots=slots,
+        out=torch.empty(batch, H, P, device=dev, dtype=act),
     )
 
 
 def ssu_bytes(sh: dict, batch: int, state_dtype, gate: bool, act_bytes: int = 2) -> int:
     H, P, N, G = sh["heads"], sh["head_dim"], sh["d_state"], sh["groups"]
     sb = torch.empty((), dtype=state_dtype).element_size()
-    return batch * (2 * H * P * N * sb + (3 if gate else 2) * H * P * act_bytes
-                    + 2 * G * N * act_bytes + H * act_bytes)
+    return batch * (
+        2 * H * P * N * sb
+        + (3 if gate else 2) * H * P * act_bytes
+        + 2 * G * N * act_bytes
+        + H * act_bytes
+    )
 
 
 def ours_ssu(t, config=None):
     return lambda: selective_state_update(
-        t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["dt_bias"], z=t["z"],
-        state_slots=t["slots"], null_slot=0, out=t["out"], config=config)
+        t["state"],
+        t["x"],
+        t["dt"],
+        t["A"],
+        t["B"],
+        t["C"],
+        t["D"],
+        t["dt_bias"],
+        z=t["z"],
+        state_slots=t["slots"],
+        null_slot=0,
+        out=t["out"],
+        config=config,
+    )
 
 
 def vllm_ssu(t, sh):
     from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update as v
+
     P, N = sh["head_dim"], sh["d_state"]
     A = t["A"][:, None, None].expand(-1, P, N)
     dt = t["dt"][:, :, None].expand(-1, -1, P)
     D, dtb = t["D"][:, None].expand(-1, P), t["dt_bias"][:, None].expand(-1, P)
     slots = t["slots"].to(torch.int32)
-    return lambda: v(t["state"], t["x"], dt, A, t["B"], t["C"], D, dtb, z=t["z"], dt_softplus=True,
-                     state_batch_indices=slots, out=t["out"])
+    return lambda: v(
+        t["state"],
+        t["x"],
+        dt,
+        A,
+        t["B"],
+        t["C"],
+        D,
+        dtb,
+        z=t["z"],
+        dt_softplus=True,
+        state_batch_indices=slots,
+        out=t["out"],
+    )
 
 
 def conv_inputs(sh: dict, batch: int, act=torch.bfloat16):
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
     dim, dev = sh["conv_dim"], "cuda"
     if is_conv_state_dim_first():
         state = torch.randn(batch + 1, dim, 3, device=dev, dtype=act)
     else:
         state = torch.randn(batch + 1, 3, dim, device=dev, dtype=act).transpose(-1, -2)
-    return dict(x=torch.randn(batch, dim, device=dev, dtype=act), state=state,
-                w=torch.randn(dim, 4, device=dev, dtype=act), b=torch.randn(dim, device=dev, dtype=act),
-                slots=torch.randperm(batch, device=dev) + 1,
-                out=torch.empty(batch, dim, device=dev, dtype=act))
+    return dict(
+        x=torch.randn(batch, dim, device=dev, dtype=act),
+        state=state,
+        w=torch.randn(dim, 4, device=dev, dtype=act),
+        b=torch.randn(dim, device=dev, dtype=act),
+        slots=torch.randperm(batch, device=dev) + 1,
+        out=torch.empty(batch, dim, device=dev, dtype=act),
+    )
 
 
 def conv_bytes(sh: dict, batch: int) -> int:
@@ -120,27 +159,40 @@ def norm_bytes(sh: dict, batch: int, gate: bool) -> int:
 
 def vllm_conv(t):
     from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update as v
+
     slots = t["slots"].to(torch.int32)
     return lambda: v(t["x"], t["state"], t["w"], t["b"], "silu", conv_state_indices=slots)
 
 
 def ours_conv(t):
-    return lambda: causal_conv1d_update(t["x"], t["state"], t["w"], t["b"], "silu",
-                                        state_slots=t["slots"], null_slot=0, out=t["out"])
+    return lambda: causal_conv1d_update(
+        t["x"],
+        t["state"],
+        t["w"],
+        t["b"],
+        "silu",
+        state_slots=t["slots"],
+        null_slot=0,
+        out=t["out"],
+    )
 
 
 def norm_inputs(sh: dict, batch: int):
-    I, dev = sh["heads"] * sh["head_dim"], "cuda"
-    return dict(x=torch.randn(batch, I, device=dev, dtype=torch.bfloat16),
-                z=torch.randn(batch, I, device=dev, dtype=torch.bfloat16),
-                w=torch.randn(I, device=dev, dtype=torch.bfloat16))
+    inner, dev = sh["heads"] * sh["head_dim"], "cuda"
+    return dict(
+        x=torch.randn(batch, inner, device=dev, dtype=torch.bfloat16),
+        z=torch.randn(batch, inner, device=dev, dtype=torch.bfloat16),
+        w=torch.randn(inner, device=dev, dtype=torch.bfloat16),
+    )
 
 
 def vllm_gated_norm(t, sh):
     from vllm.model_executor.layers.mamba.ops.layernorm_gated import rms_norm_gated
+
     gs = sh["heads"] * sh["head_dim"] // sh["groups"]
-    return lambda: rms_norm_gated(t["x"], t["w"], None, z=t["z"], eps=1e-5, group_size=gs,
-                                  norm_before_gate=False)
+    return lambda: rms_norm_gated(
+        t["x"], t["w"], None, z=t["z"], eps=1e-5, group_size=gs, norm_before_gate=False
+    )
 
 
 def ours_norm(t, sh, gate: bool):
@@ -159,12 +211,23 @@ def tune_ssu(models, quick: bool) -> dict:
             if bm > triton.next_power_of_2(sh["head_dim"]) or (quick and w == 1):
                 continue
             us = time_rotating(lambda: ours_ssu(ssu_inputs(sh, batch, sdt), (bm, w)), nbytes)
-            rows.append(dict(model=model, state_dtype=str(sdt)[6:], batch=batch, block_m=bm,
-                             num_warps=w, us=us))
+            rows.append(
+                dict(
+                    model=model,
+                    state_dtype=str(sdt)[6:],
+                    batch=batch,
+                    block_m=bm,
+                    num_warps=w,
+                    us=us,
+                )
+            )
             if best is None or us < best[0]:
                 best = (us, bm, w)
-        print(f"tune {model:12s} {str(sdt)[6:]:9s} B={batch:4d} best BLOCK_M={best[1]} "
-              f"warps={best[2]} {best[0]:8.2f}us", flush=True)
+        print(
+            f"tune {model:12s} {str(sdt)[6:]:9s} B={batch:4d} best BLOCK_M={best[1]} "
+            f"warps={best[2]} {best[0]:8.2f}us",
+            flush=True,
+        )
     return rows
 
 
@@ -189,48 +252,108 @@ def main() -> None:
     rows = []
 
     def record(kernel, model, sdt, batch, ours_us, vllm_us, nbytes_ours, nbytes_vllm):
-        row = dict(kernel=kernel, model=model, state_dtype=sdt, batch=batch,
-                   ours_us=round(ours_us, 3), vllm_us=round(vllm_us, 3),
-                   ours_roofline=round(nbytes_ours / (ours_us * 1e-6) / roof, 4),
-                   vllm_roofline=round(nbytes_vllm / (vllm_us * 1e-6) / roof, 4))
+        row = dict(
+            kernel=kernel,
+            model=model,
+            state_dtype=sdt,
+            batch=batch,
+            ours_us=round(ours_us, 3),
+            vllm_us=round(vllm_us, 3),
+            ours_roofline=round(nbytes_ours / (ours_us * 1e-6) / roof, 4),
+            vllm_roofline=round(nbytes_vllm / (vllm_us * 1e-6) / roof, 4),
+        )
         rows.append(row)
-        print(f"{kernel:22s} {model:12s} {sdt:9s} B={batch:4d} ours {ours_us:8.2f}us "
-              f"{100 * row['ours_roofline']:5.1f}%  vllm {vllm_us:8.2f}us "
-              f"{100 * row['vllm_roofline']:5.1f}%  x{vllm_us / ours_us:4.2f}", flush=True)
+        print(
+            f"{kernel:22s} {model:12s} {sdt:9s} B={batch:4d} ours {ours_us:8.2f}us "
+            f"{100 * row['ours_roofline']:5.1f}%  vllm {vllm_us:8.2f}us "
+            f"{100 * row['vllm_roofline']:5.1f}%  x{vllm_us / ours_us:4.2f}",
+            flush=True,
+        )
 
     for model in models:
         sh = shape_of(model)
         for sdt, batch in itertools.product((torch.float32, torch.bfloat16), BATCHES):
             name = str(sdt)[6:]
             nb = ssu_bytes(sh, batch, sdt, True)
-            record("selective_state_update", model, name, batch,
-                   time_rotating(lambda: ours_ssu(ssu_inputs(sh, batch, sdt)), nb),
-                   time_rotating(lambda: vllm_ssu(ssu_inputs(sh, batch, sdt), sh), nb), nb, nb)
+            record(
+                "selective_state_update",
+                model,
+                name,
+                batch,
+                time_rotating(lambda: ours_ssu(ssu_inputs(sh, batch, sdt)), nb),
+                time_rotating(lambda: vllm_ssu(ssu_inputs(sh, batch, sdt), sh), nb),
+                nb,
+                nb,
+            )
         for batch in BATCHES:
             nb = conv_bytes(sh, batch)
-            record("causal_conv1d_update", model, "-", batch,
-                   time_rotating(lambda: ours_conv(conv_inputs(sh, batch)), nb),
-                   time_rotating(lambda: vllm_conv(conv_inputs(sh, batch)), nb), nb, nb)
+            record(
+                "causal_conv1d_update",
+                model,
+                "-",
+                batch,
+                time_rotating(lambda: ours_conv(conv_inputs(sh, batch)), nb),
+                time_rotating(lambda: vllm_conv(conv_inputs(sh, batch)), nb),
+                nb,
+                nb,
+            )
             nb = norm_bytes(sh, batch, True)
-            record("group_rms_norm_gated", model, "-", batch,
-                   time_rotating(lambda: ours_norm(norm_inputs(sh, batch), sh, True), nb),
-                   time_rotating(lambda: vllm_gated_norm(norm_inputs(sh, batch), sh), nb), nb, nb)
+            record(
+                "group_rms_norm_gated",
+                model,
+                "-",
+                batch,
+                time_rotating(lambda: ours_norm(norm_inputs(sh, batch), sh, True), nb),
+                time_rotating(lambda: vllm_gated_norm(norm_inputs(sh, batch), sh), nb),
+                nb,
+                nb,
+            )
         # The decode tail of one Mamba layer: conv -> state update -> norm.
         for sdt, batch in itertools.product((torch.float32, torch.bfloat16), BATCHES):
-            def tail(ours: bool):
-                c, s, n = conv_inputs(sh, batch), ssu_inputs(sh, batch, sdt, gate=ours), norm_inputs(sh, batch)
-                steps = ([ours_conv(c), ours_ssu(s), ours_norm(n, sh, False)] if ours
-                         else [vllm_conv(c), vllm_ssu(s, sh), vllm_gated_norm(n, sh)])
-                return lambda: [f() for f in steps]
-            nb_o = conv_bytes(sh, batch) + ssu_bytes(sh, batch, sdt, True) + norm_bytes(sh, batch, False)
-            nb_v = conv_bytes(sh, batch) + ssu_bytes(sh, batch, sdt, False) + norm_bytes(sh, batch, True)
-            record("decode_tail", model, str(sdt)[6:], batch,
-                   time_rotating(lambda: tail(True), nb_o), time_rotating(lambda: tail(False), nb_v),
-                   nb_o, nb_v)
 
-    meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, vllm=vllm.__version__,
-                python=platform.python_version(), date=time.strftime("%Y-%m-%d"),
-                roofline_GBps=round(roof / 1e9, 1))
+            def tail(ours: bool):
+                c, s, n = (
+                    conv_inputs(sh, batch),
+                    ssu_inputs(sh, batch, sdt, gate=ours),
+                    norm_inputs(sh, batch),
+                )
+                steps = (
+                    [ours_conv(c), ours_ssu(s), ours_norm(n, sh, False)]
+                    if ours
+                    else [vllm_conv(c), vllm_ssu(s, sh), vllm_gated_norm(n, sh)]
+                )
+                return lambda: [f() for f in steps]
+
+            nb_o = (
+                conv_bytes(sh, batch)
+                + ssu_bytes(sh, batch, sdt, True)
+                + norm_bytes(sh, batch, False)
+            )
+            nb_v = (
+                conv_bytes(sh, batch)
+                + ssu_bytes(sh, batch, sdt, False)
+                + norm_bytes(sh, batch, True)
+            )
+            record(
+                "decode_tail",
+                model,
+                str(sdt)[6:],
+                batch,
+                time_rotating(lambda: tail(True), nb_o),
+                time_rotating(lambda: tail(False), nb_v),
+                nb_o,
+                nb_v,
+            )
+
+    meta = dict(
+        gpu=gpu,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        vllm=vllm.__version__,
+        python=platform.python_version(),
+        date=time.strftime("%Y-%m-%d"),
+        roofline_GBps=round(roof / 1e9, 1),
+    )
     out = RESULTS / f"kernels-{tag}.json"
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     plot(rows, RESULTS / f"kernels-{tag}.png", meta)
@@ -239,17 +362,21 @@ def main() -> None:
 
 def plot(rows: list[dict], path: Path, meta: dict) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     kernels = sorted({r["kernel"] for r in rows})
     models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(len(kernels), len(models), figsize=(5 * len(models), 3.2 * len(kernels)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(kernels), len(models), figsize=(5 * len(models), 3.2 * len(kernels)), squeeze=False
+    )
     for (i, k), (j, m) in itertools.product(enumerate(kernels), enumerate(models)):
         ax = axes[i][j]
         for sdt in sorted({r["state_dtype"] for r in rows if r["kernel"] == k}):
-            sel = [r for r in rows if r["kernel"] == k and r["model"] == m and r["state_dtype"] == sdt]
+            sel = [
+                r for r in rows if r["kernel"] == k and r["model"] == m and r["state_dtype"] == sdt
+            ]
             if not sel:
                 continue
             b = [r["batch"] for r in sel]

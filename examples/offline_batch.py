@@ -42,7 +42,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def pending(inputs: list[dict], output: Path) -> list[dict]:
     for n, row in enumerate(inputs, 1):
         if "id" not in row or not isinstance(row.get("prompt"), str):
-            raise SystemExit(f"input line {n}: needs an \"id\" and a string \"prompt\", got {row}")
+            raise SystemExit(f'input line {n}: needs an "id" and a string "prompt", got {row}')
     done = {row["id"] for row in read_jsonl(output)}
     return [row for row in inputs if row["id"] not in done]
 
@@ -63,13 +63,18 @@ def main() -> None:
     if args.demo:
         from vllm_nemotron_h.checkpoints import write_tiny_checkpoint
 
-        args.model = args.model or str(write_tiny_checkpoint(ROOT / ".cache" / "tiny-models" / "dense", "dense"))
+        args.model = args.model or str(
+            write_tiny_checkpoint(ROOT / ".cache" / "tiny-models" / "dense", "dense")
+        )
         DEMO_DIR.mkdir(parents=True, exist_ok=True)
         args.input = args.input or DEMO_DIR / "prompts.jsonl"
         args.output = args.output or DEMO_DIR / "outputs.jsonl"
         if not args.input.exists():
-            args.input.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n"
-                                          for i, p in enumerate(DEMO_PROMPTS)))
+            args.input.write_text(
+                "".join(
+                    json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(DEMO_PROMPTS)
+                )
+            )
         if args.output.exists():
             args.output.unlink()  # the demo starts over each time
         engine = {"dtype": "float32", "max_model_len": 512, "gpu_memory_utilization": 0.2, **engine}
@@ -88,18 +93,26 @@ def main() -> None:
 
     llm = LLM(model=args.model, **engine)
     logging.getLogger("vllm_nemotron_h").warning(
-        "model class running: %s", llm.apply_model(model_class_name)[0])
+        "model class running: %s", llm.apply_model(model_class_name)[0]
+    )
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     with args.output.open("a") as out:
         for start in range(0, len(todo), args.chunk):
             chunk = todo[start : start + args.chunk]
             results = llm.generate([r["prompt"] for r in chunk], params)
             for row, res in zip(chunk, results):
-                out.write(json.dumps({
-                    "id": row["id"], "prompt": row["prompt"], "text": res.outputs[0].text,
-                    "prompt_tokens": len(res.prompt_token_ids),
-                    "completion_tokens": len(res.outputs[0].token_ids),
-                }) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "id": row["id"],
+                            "prompt": row["prompt"],
+                            "text": res.outputs[0].text,
+                            "prompt_tokens": len(res.prompt_token_ids),
+                            "completion_tokens": len(res.outputs[0].token_ids),
+                        }
+                    )
+                    + "\n"
+                )
             out.flush()
     if args.demo:
         for row in read_jsonl(args.output):

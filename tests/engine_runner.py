@@ -24,8 +24,12 @@ def run(spec: dict) -> dict:
     from vllm_nemotron_h.plugin import model_class_name
 
     llm = LLM(model=spec["model"], **spec.get("engine", {}))
-    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 16), ignore_eos=True,
-                            logprobs=1 if spec.get("logprobs") else None)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=spec.get("max_tokens", 16),
+        ignore_eos=True,
+        logprobs=1 if spec.get("logprobs") else None,
+    )
     prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
     result: dict = {"model_class": llm.apply_model(model_class_name)[0]}
     if spec.get("profile"):
@@ -34,8 +38,10 @@ def run(spec: dict) -> dict:
     result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
     # Further batches through the same engine (batch invariance, slot reuse).
     result["jobs"] = [
-        [list(o.outputs[0].token_ids) for o in llm.generate(
-            [{"prompt_token_ids": p} for p in job], params, use_tqdm=False)]
+        [
+            list(o.outputs[0].token_ids)
+            for o in llm.generate([{"prompt_token_ids": p} for p in job], params, use_tqdm=False)
+        ]
         for job in spec.get("jobs", [])
     ]
     if spec.get("logprobs"):
@@ -51,16 +57,19 @@ def profile_decode(llm, prompt, params) -> list[list]:
     VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-
     from vllm import SamplingParams
 
     llm.generate([prompt], SamplingParams(max_tokens=2), use_tqdm=False)  # warm
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-                     use_tqdm=False)
+        llm.generate(
+            [prompt], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
+        )
         torch.cuda.synchronize()
-    rows = [(e.key, e.count, round(e.device_time_total, 1)) for e in prof.key_averages()
-            if e.device_time_total > 0]
+    rows = [
+        (e.key, e.count, round(e.device_time_total, 1))
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+    ]
     return sorted(rows, key=lambda r: -r[2])[:40]
 
 

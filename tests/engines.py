@@ -22,19 +22,28 @@ def engine_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _run(spec: dict, timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(RUNNER), json.dumps(spec)],
+        env=engine_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
 def run_engine(spec: dict, timeout: float = 900, **env: str) -> dict:
     """Runs tests/engine_runner.py with ``spec`` in a new process and returns its result."""
-    proc = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], env=engine_env(**env),
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    proc = _run(spec, timeout, env)
     for line in proc.stdout.splitlines():
         if line.startswith("ENGINE_RESULT "):
-            return json.loads(line[len("ENGINE_RESULT "):])
+            return json.loads(line[len("ENGINE_RESULT ") :])
     raise RuntimeError(f"engine failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
 
 
 def run_engine_expect_failure(spec: dict, timeout: float = 600, **env: str) -> str:
     """Runs an engine that must fail to start; returns its output (vLLM logs go to both)."""
-    proc = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], env=engine_env(**env),
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    proc = _run(spec, timeout, env)
     assert "ENGINE_RESULT" not in proc.stdout, "the engine started although it should not"
     return proc.stdout + proc.stderr

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int,
-              device: str = "cpu") -> list[list[int]]:
+def hf_greedy(
+    model_dir: str, prompts: list[list[int]], max_new_tokens: int, device: str = "cpu"
+) -> list[list[int]]:
     from transformers import NemotronHForCausalLM
 
     model = NemotronHForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
@@ -14,7 +15,12 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int,
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([p], device=device)
-            gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
+            gen = model.generate(
+                ids,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            outs.append(gen[0, len(p) :].tolist())
     return outs

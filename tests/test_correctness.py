@@ -25,8 +25,14 @@ TEXTS = [
     "A state space model carries the history of a sequence in a fixed-size state. " * 3,
 ]
 NEW = 32
-ENGINE = dict(dtype="float32", max_model_len=512, gpu_memory_utilization=0.1,
-              enable_chunked_prefill=True, max_num_batched_tokens=48, enforce_eager=True)
+ENGINE = dict(
+    dtype="float32",
+    max_model_len=512,
+    gpu_memory_utilization=0.1,
+    enable_chunked_prefill=True,
+    max_num_batched_tokens=48,
+    enforce_eager=True,
+)
 
 
 def encode(model_dir: str, texts: list[str]) -> list[list[int]]:
@@ -58,9 +64,15 @@ def test_batch_invariance_and_slot_reuse(tiny_checkpoint):
     probe = encode(model, TEXTS[2:3])
     others = random_prompts(16, seed=1)
     many = random_prompts(50, seed=2)
-    res = run_engine(dict(model=model, prompts=probe, max_tokens=24,
-                          engine=dict(ENGINE, max_num_seqs=4),
-                          jobs=[probe + others, many] + [[p] for p in many]))
+    res = run_engine(
+        dict(
+            model=model,
+            prompts=probe,
+            max_tokens=24,
+            engine=dict(ENGINE, max_num_seqs=4),
+            jobs=[probe + others, many] + [[p] for p in many],
+        )
+    )
     alone, in_batch, together = res["tokens"][0], res["jobs"][0][0], res["jobs"][1]
     assert in_batch == alone, "a prompt must decode the same alone and in a batch of 17"
     singles = [job[0] for job in res["jobs"][2:]]

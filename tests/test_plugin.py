@@ -21,8 +21,13 @@ print("imported_model_module", "vllm_nemotron_h.model_executor.hybrid_model" in 
 
 
 def registry_after_register(**env: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", CHECK], env=engine_env(**env),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK],
+        env=engine_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -47,9 +52,14 @@ def test_entry_point_is_installed():
 
 @pytest.mark.engine
 def test_running_engine_builds_plugin_class_and_builtin_with_switch(tiny_checkpoint):
-    spec = dict(model=tiny_checkpoint("dense"), prompts=[[1, 20, 30, 40]], max_tokens=12,
-                engine=dict(dtype="float32", max_model_len=256, gpu_memory_utilization=0.1,
-                            enforce_eager=True))
+    spec = dict(
+        model=tiny_checkpoint("dense"),
+        prompts=[[1, 20, 30, 40]],
+        max_tokens=12,
+        engine=dict(
+            dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True
+        ),
+    )
     ours = run_engine(spec)
     builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")
     assert ours["model_class"] == "vllm_nemotron_h.model_executor.hybrid_model.NemotronHForCausalLM"

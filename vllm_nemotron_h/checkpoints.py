@@ -17,60 +17,127 @@ from typing import Any
 # with different d_state, head_dim (80: not a power of two) and n_groups.
 TINY_PRESETS: dict[str, dict[str, Any]] = {
     "dense": dict(
-        hidden_size=256, hybrid_override_pattern="M*M-M-", mamba_num_heads=8,
-        mamba_head_dim=32, ssm_state_size=64, n_groups=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, intermediate_size=512,
+        hidden_size=256,
+        hybrid_override_pattern="M*M-M-",
+        mamba_num_heads=8,
+        mamba_head_dim=32,
+        ssm_state_size=64,
+        n_groups=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
     ),
     "dense-h80": dict(
-        hidden_size=320, hybrid_override_pattern="MM*-M-", mamba_num_heads=8,
-        mamba_head_dim=80, ssm_state_size=16, n_groups=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=80, intermediate_size=640,
+        hidden_size=320,
+        hybrid_override_pattern="MM*-M-",
+        mamba_num_heads=8,
+        mamba_head_dim=80,
+        ssm_state_size=16,
+        n_groups=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=80,
+        intermediate_size=640,
     ),
     "dense-g1": dict(
-        hidden_size=256, hybrid_override_pattern="M-*M-", mamba_num_heads=8,
-        mamba_head_dim=32, ssm_state_size=32, n_groups=1, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, intermediate_size=512,
+        hidden_size=256,
+        hybrid_override_pattern="M-*M-",
+        mamba_num_heads=8,
+        mamba_head_dim=32,
+        ssm_state_size=32,
+        n_groups=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
     ),
     "moe": dict(
-        hidden_size=256, hybrid_override_pattern="MEM*EM", mamba_num_heads=8,
-        mamba_head_dim=64, ssm_state_size=128, n_groups=8, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, intermediate_size=512,
-        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
-        n_shared_experts=1, moe_shared_expert_intermediate_size=256,
-        routed_scaling_factor=2.5, n_group=1, topk_group=1, norm_topk_prob=True,
+        hidden_size=256,
+        hybrid_override_pattern="MEM*EM",
+        mamba_num_heads=8,
+        mamba_head_dim=64,
+        ssm_state_size=128,
+        n_groups=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=128,
+        n_shared_experts=1,
+        moe_shared_expert_intermediate_size=256,
+        routed_scaling_factor=2.5,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
     ),
 }
 
 # Public configs (as collected in shared/environment.md) for real-shape runs.
 REAL_SHAPES: dict[str, dict[str, Any]] = {
     "nemotron-h-8b": dict(
-        hidden_size=4096, mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128,
-        n_groups=8, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        hidden_size=4096,
+        mamba_num_heads=128,
+        mamba_head_dim=64,
+        ssm_state_size=128,
+        n_groups=8,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
         intermediate_size=21504,
         hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
     ),
     "nano-9b-v2": dict(
-        hidden_size=4480, mamba_num_heads=128, mamba_head_dim=80, ssm_state_size=128,
-        n_groups=8, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+        hidden_size=4480,
+        mamba_num_heads=128,
+        mamba_head_dim=80,
+        ssm_state_size=128,
+        n_groups=8,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
         intermediate_size=15680,
         hybrid_override_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
     ),
     "nano-v3-30b": dict(
-        hidden_size=2688, mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128,
-        n_groups=8, num_attention_heads=32, num_key_value_heads=2, head_dim=128,
-        intermediate_size=1856, n_routed_experts=128, num_experts_per_tok=6,
-        moe_intermediate_size=1856, n_shared_experts=1,
-        moe_shared_expert_intermediate_size=3712, routed_scaling_factor=2.5,
-        n_group=1, topk_group=1, norm_topk_prob=True,
+        hidden_size=2688,
+        mamba_num_heads=64,
+        mamba_head_dim=64,
+        ssm_state_size=128,
+        n_groups=8,
+        num_attention_heads=32,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=1856,
+        n_routed_experts=128,
+        num_experts_per_tok=6,
+        moe_intermediate_size=1856,
+        n_shared_experts=1,
+        moe_shared_expert_intermediate_size=3712,
+        routed_scaling_factor=2.5,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
         hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
     ),
 }
 
 _COMMON: dict[str, Any] = dict(
-    conv_kernel=4, use_conv_bias=True, mamba_hidden_act="silu", mlp_hidden_act="relu2",
-    layer_norm_epsilon=1e-5, chunk_size=128, max_position_embeddings=4096,
-    tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    mamba_ssm_cache_dtype="float32", residual_in_fp32=False,
+    conv_kernel=4,
+    use_conv_bias=True,
+    mamba_hidden_act="silu",
+    mlp_hidden_act="relu2",
+    layer_norm_epsilon=1e-5,
+    chunk_size=128,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    mamba_ssm_cache_dtype="float32",
+    residual_in_fp32=False,
 )
 
 TINY_VOCAB_SIZE = 512
@@ -80,7 +147,8 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 # Text the tokenizer is trained on: enough variety for a few hundred merges.
-_CORPUS = """
+_CORPUS = (
+    """
 The quick brown fox jumps over the lazy dog. A state space model carries the history of
 a sequence in a fixed-size state. Mamba layers update that state one token at a time during
 decoding, while attention layers read every earlier key and value. Hybrid models mix both.
@@ -90,7 +158,9 @@ Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Questions? Answers! Lists: apples, pea
 def add(a, b): return a + b  # Python code is text too.
 The history of the city begins with a river, a bridge and a market on the eastern bank.
 Serving a language model means batching many requests and streaming tokens back quickly.
-""" * 4
+"""
+    * 4
+)
 
 
 def _train_tokenizer(path: Path) -> None:

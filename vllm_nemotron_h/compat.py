@@ -26,7 +26,9 @@ __all__ = [
 def prefill_checkpoint(metadata: Any) -> tuple[Any, Any]:
     """(checkpoint_chunk_idx, checkpoint_meta) of vLLM 0.32's Mamba2 metadata; (None, None)
     when the step stores no checkpoint, and always on vLLM 0.26."""
-    return getattr(metadata, "checkpoint_chunk_idx", None), getattr(metadata, "checkpoint_meta", None)
+    return getattr(metadata, "checkpoint_chunk_idx", None), getattr(
+        metadata, "checkpoint_meta", None
+    )
 
 
 def replayssm_enabled(vllm_config: VllmConfig) -> bool:

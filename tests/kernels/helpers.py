@@ -8,8 +8,11 @@ import torch
 GPU = torch.cuda.is_available()
 DEVICES = [
     pytest.param("cpu", id="cpu-interpreter", marks=pytest.mark.skipif(GPU, reason="GPU present")),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu,
-                 pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")]),
+    pytest.param(
+        "cuda",
+        id="cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")],
+    ),
 ]
 # ||out - ref|| / ||ref|| allowed per output dtype (fp32 math everywhere).
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}

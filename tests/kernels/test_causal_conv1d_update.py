@@ -16,8 +16,13 @@ def make(device, batch, dim, width, dtype, state_dim_first, bias):
     x = rnd(batch, dim + 8)[:, 4 : 4 + dim]  # strided rows, as in the projection output
     slots = torch.randperm(slots_total - 1, generator=g, device=device)[:batch] + 1
     slots[-1] = 0
-    return dict(x=x, conv_state=state, weight=rnd(dim, width), bias=rnd(dim) if bias else None,
-                state_slots=slots)
+    return dict(
+        x=x,
+        conv_state=state,
+        weight=rnd(dim, width),
+        bias=rnd(dim) if bias else None,
+        state_slots=slots,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -30,7 +35,9 @@ def test_matches_reference(device, width, state_dim_first):
         for batch, bias, act in ((3, True, "silu"), (5, False, None)):
             t = make(device, batch, dim, width, dtype, state_dim_first, bias)
             s_ref = t["conv_state"].clone()
-            ref = causal_conv1d_update_ref(**{**t, "conv_state": s_ref}, activation=act, null_slot=0)
+            ref = causal_conv1d_update_ref(
+                **{**t, "conv_state": s_ref}, activation=act, null_slot=0
+            )
             out = poisoned(ref)
             before = t["conv_state"].clone()
             causal_conv1d_update(**t, activation=act, null_slot=0, out=out)

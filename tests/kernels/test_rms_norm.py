@@ -32,12 +32,17 @@ def test_rms_norm_matches_reference(device, dtype, with_residual):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("gate", [True, False])
 def test_group_rms_norm_matches_reference(device, dtype, gate):
-    cases = ((96, 24), (160, 160)) if device == "cpu" else ((8192, 1024), (10240, 1280), (4096, 512))
+    cases = (
+        ((96, 24), (160, 160)) if device == "cpu" else ((8192, 1024), (10240, 1280), (4096, 512))
+    )
     for hidden, group in cases:
         x = rnd(device, 4, hidden, dtype=dtype)
         z = rnd(device, 4, hidden, dtype=dtype) if gate else None
         w = rnd(device, hidden, dtype=dtype)
-        assert rel_err(group_rms_norm(x, w, group, 1e-5, z), group_rms_norm_ref(x, w, group, 1e-5, z)) < TOL[dtype]
+        assert (
+            rel_err(group_rms_norm(x, w, group, 1e-5, z), group_rms_norm_ref(x, w, group, 1e-5, z))
+            < TOL[dtype]
+        )
 
 
 def test_bad_arguments_raise():

@@ -9,8 +9,9 @@ CPU_SHAPES = [(4, 80, 16, 2), (2, 32, 256, 1), (4, 64, 64, 4)]
 GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 256, 1)]
 
 
-def make_inputs(device, batch, nheads, head_dim, d_state, ngroups, state_dtype, act, gate,
-                noncontig):
+def make_inputs(
+    device, batch, nheads, head_dim, d_state, ngroups, state_dtype, act, gate, noncontig
+):
     g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
 
     def rnd(*shape, dtype=torch.float32):
@@ -35,8 +36,18 @@ def make_inputs(device, batch, nheads, head_dim, d_state, ngroups, state_dtype, 
         dt = rnd(batch, nheads, dtype=act)
     slots = torch.randperm(slots_total - 1, generator=g, device=device)[:batch] + 1
     slots[0] = 0  # a padded row: vLLM's null block
-    return dict(state=state, x=x, dt=dt, A=-rnd(nheads).abs() - 0.1, B=B, C=C, D=rnd(nheads),
-                dt_bias=rnd(nheads) * 0.5, z=z if gate else None, state_slots=slots)
+    return dict(
+        state=state,
+        x=x,
+        dt=dt,
+        A=-rnd(nheads).abs() - 0.1,
+        B=B,
+        C=C,
+        D=rnd(nheads),
+        dt_bias=rnd(nheads) * 0.5,
+        z=z if gate else None,
+        state_slots=slots,
+    )
 
 
 def check(device, shape, batch, state_dtype, act, gate, noncontig):
@@ -63,7 +74,7 @@ def test_matches_reference(device, state_dtype, gate):
     shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
     act = torch.bfloat16 if device == "cuda" else torch.float32
     for i, shape in enumerate(shapes):
-        for batch in ((3,) if device == "cpu" else (1, 7, 64)):
+        for batch in (3,) if device == "cpu" else (1, 7, 64):
             check(device, shape, batch, state_dtype, act, gate, noncontig=bool(i % 2))
 
 

@@ -41,7 +41,9 @@ def check_tensor(
     if device is not None and tensor.device != device:
         raise ValueError(f"{name} must be on {device}, got {tensor.device}")
     if unit_last_stride and tensor.dim() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
-        raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tensor.stride()}")
+        raise ValueError(
+            f"{name} must be contiguous in its last dimension, got strides {tensor.stride()}"
+        )
 
 
 def check_range(name: str, value: int, low: int, high: int) -> None:

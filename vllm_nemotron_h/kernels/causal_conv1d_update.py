@@ -36,10 +36,26 @@ ACTIVATIONS = (None, "silu", "swish")
 
 @triton.jit
 def _causal_conv1d_update_kernel(
-    x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, slots_ptr, null_slot, dim,
-    x_b, s_slot, s_dim, s_t, w_dim, w_t, o_b,
-    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SLOTS: tl.constexpr,
-    SILU: tl.constexpr, BLOCK_D: tl.constexpr,
+    x_ptr,
+    state_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    slots_ptr,
+    null_slot,
+    dim,
+    x_b,
+    s_slot,
+    s_dim,
+    s_t,
+    w_dim,
+    w_t,
+    o_b,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+    SILU: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -60,12 +76,18 @@ def _causal_conv1d_update_kernel(
     if WIDTH >= 4:
         w2 = tl.load(st + 2 * s_t, mask=st_ok, other=0.0)
 
-    acc = tl.load(w_ptr + ch * w_dim + (WIDTH - 1) * w_t, mask=ch_ok, other=0.0).to(tl.float32) * xv.to(tl.float32)
+    acc = tl.load(w_ptr + ch * w_dim + (WIDTH - 1) * w_t, mask=ch_ok, other=0.0).to(
+        tl.float32
+    ) * xv.to(tl.float32)
     acc += tl.load(w_ptr + ch * w_dim, mask=ch_ok, other=0.0).to(tl.float32) * w0.to(tl.float32)
     if WIDTH >= 3:
-        acc += tl.load(w_ptr + ch * w_dim + w_t, mask=ch_ok, other=0.0).to(tl.float32) * w1.to(tl.float32)
+        acc += tl.load(w_ptr + ch * w_dim + w_t, mask=ch_ok, other=0.0).to(tl.float32) * w1.to(
+            tl.float32
+        )
     if WIDTH >= 4:
-        acc += tl.load(w_ptr + ch * w_dim + 2 * w_t, mask=ch_ok, other=0.0).to(tl.float32) * w2.to(tl.float32)
+        acc += tl.load(w_ptr + ch * w_dim + 2 * w_t, mask=ch_ok, other=0.0).to(tl.float32) * w2.to(
+            tl.float32
+        )
     if HAS_BIAS:
         acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
     if SILU:
@@ -151,11 +173,26 @@ def causal_conv1d_update(
     block_d = 256 if dim >= 256 * 64 else 128
     grid = (batch, triton.cdiv(dim, block_d))
     _causal_conv1d_update_kernel[grid](
-        x, conv_state, weight, bias if bias is not None else weight, out,
-        state_slots if state_slots is not None else x, null_slot, dim,
-        x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        weight.stride(0), weight.stride(1), out.stride(0),
-        WIDTH=width, HAS_BIAS=bias is not None, HAS_SLOTS=state_slots is not None,
-        SILU=activation is not None, BLOCK_D=block_d, num_warps=4,
+        x,
+        conv_state,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        state_slots if state_slots is not None else x,
+        null_slot,
+        dim,
+        x.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(1),
+        conv_state.stride(2),
+        weight.stride(0),
+        weight.stride(1),
+        out.stride(0),
+        WIDTH=width,
+        HAS_BIAS=bias is not None,
+        HAS_SLOTS=state_slots is not None,
+        SILU=activation is not None,
+        BLOCK_D=block_d,
+        num_warps=4,
     )
     return out

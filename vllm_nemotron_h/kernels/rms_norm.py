@@ -25,9 +25,19 @@ from vllm_nemotron_h.kernels._common import ACTIVATION_DTYPES, check_tensor, use
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-    x_row, res_row, out_row, res_out_row,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    n_cols,
+    eps,
+    x_row,
+    res_row,
+    out_row,
+    res_out_row,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -45,8 +55,17 @@ def _rms_norm_kernel(
 
 @triton.jit
 def _group_rms_norm_kernel(
-    x_ptr, z_ptr, w_ptr, out_ptr, group_size, eps, x_row, z_row, out_row,
-    HAS_Z: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    z_ptr,
+    w_ptr,
+    out_ptr,
+    group_size,
+    eps,
+    x_row,
+    z_row,
+    out_row,
+    HAS_Z: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * group_size + tl.arange(0, BLOCK)
@@ -117,9 +136,19 @@ def rms_norm(
     if n_rows:
         block = triton.next_power_of_2(n_cols)
         _rms_norm_kernel[(n_rows,)](
-            x, res, weight, out, res_out, n_cols, eps,
-            x.stride(0), res.stride(0), out.stride(0), res_out.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            x,
+            res,
+            weight,
+            out,
+            res_out,
+            n_cols,
+            eps,
+            x.stride(0),
+            res.stride(0),
+            out.stride(0),
+            res_out.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
             num_warps=min(16, max(1, block // 512)),
         )
     return (out, res_out) if residual is not None else out
@@ -147,7 +176,17 @@ def group_rms_norm(
         block = triton.next_power_of_2(group_size)
         zz = z if z is not None else x
         _group_rms_norm_kernel[(x.shape[0], hidden // group_size)](
-            x, zz, weight, out, group_size, eps, x.stride(0), zz.stride(0), out.stride(0),
-            HAS_Z=z is not None, BLOCK=block, num_warps=min(8, max(1, block // 256)),
+            x,
+            zz,
+            weight,
+            out,
+            group_size,
+            eps,
+            x.stride(0),
+            zz.stride(0),
+            out.stride(0),
+            HAS_Z=z is not None,
+            BLOCK=block,
+            num_warps=min(8, max(1, block // 256)),
         )
     return out

@@ -38,26 +38,44 @@ def _with_plugin_norm(base: type[nn.Module]) -> type[nn.Module]:
 class MambaDecoderLayer(vllm_nemotron_h.NemotronHMambaDecoderLayer):
     """vLLM's Mamba decoder layer (its forward) around the plugin's mixer and norm."""
 
-    def __init__(self, config, layer_idx: int, model_config=None, cache_config=None,
-                 quant_config=None, parallel_config=None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        config,
+        layer_idx: int,
+        model_config=None,
+        cache_config=None,
+        quant_config=None,
+        parallel_config=None,
+        prefix: str = "",
+    ) -> None:
         nn.Module.__init__(self)  # vLLM's __init__ would register its own mixer first
         self.config = config
         self.mixer = PluginMambaMixer2(
-            hidden_size=config.hidden_size, ssm_state_size=config.ssm_state_size,
+            hidden_size=config.hidden_size,
+            ssm_state_size=config.ssm_state_size,
             conv_kernel_size=config.conv_kernel,
             intermediate_size=config.mamba_num_heads * config.mamba_head_dim,
-            use_conv_bias=config.use_conv_bias, use_bias=config.use_bias,
-            n_groups=config.n_groups, num_heads=config.mamba_num_heads,
-            head_dim=config.mamba_head_dim, rms_norm_eps=config.layer_norm_epsilon,
-            activation=config.mamba_hidden_act, model_config=model_config,
-            cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.mixer",
+            use_conv_bias=config.use_conv_bias,
+            use_bias=config.use_bias,
+            n_groups=config.n_groups,
+            num_heads=config.mamba_num_heads,
+            head_dim=config.mamba_head_dim,
+            rms_norm_eps=config.layer_norm_epsilon,
+            activation=config.mamba_hidden_act,
+            model_config=model_config,
+            cache_config=cache_config,
+            quant_config=quant_config,
+            prefix=f"{prefix}.mixer",
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
 
 
 def decoder_layer_types() -> Mapping[str, type[nn.Module]]:
-    moe = (CpuNemotronHMoEDecoderLayer if current_platform.is_cpu()
-           else _with_plugin_norm(vllm_nemotron_h.NemotronHMoEDecoderLayer))
+    moe = (
+        CpuNemotronHMoEDecoderLayer
+        if current_platform.is_cpu()
+        else _with_plugin_norm(vllm_nemotron_h.NemotronHMoEDecoderLayer)
+    )
     return {
         "M": MambaDecoderLayer,
         "*": _with_plugin_norm(vllm_nemotron_h.NemotronHAttentionDecoderLayer),
@@ -67,13 +85,18 @@ def decoder_layer_types() -> Mapping[str, type[nn.Module]]:
 
 
 @support_torch_compile(
-    dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0,
-                      "inputs_embeds": 0}
+    dynamic_arg_dims={
+        "input_ids": 0,
+        "positions": -1,
+        "intermediate_tensors": 0,
+        "inputs_embeds": 0,
+    }
 )
 class NemotronHPluginModel(vllm_nemotron_h.NemotronHModel):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix,
-                         decoder_layer_types=decoder_layer_types())
+        super().__init__(
+            vllm_config=vllm_config, prefix=prefix, decoder_layer_types=decoder_layer_types()
+        )
         config = vllm_config.model_config.hf_config
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
 

@@ -34,7 +34,9 @@ class PluginMambaMixer2(MambaMixer2):
         # D and dt_bias live in fp32, as the kernels read them (vLLM keeps the model dtype);
         # A is already -exp(A_log) in fp32 from vLLM's loader.
         for name in ("D", "dt_bias"):
-            param = torch.nn.Parameter(torch.ones(self.num_heads // self.tp_size, dtype=torch.float32))
+            param = torch.nn.Parameter(
+                torch.ones(self.num_heads // self.tp_size, dtype=torch.float32)
+            )
             set_weight_attrs(param, {"weight_loader": sharded_weight_loader(0)})
             setattr(self, name, param)
         self.tped_heads = self.num_heads // self.tp_size
@@ -49,8 +51,10 @@ class PluginMambaMixer2(MambaMixer2):
     def forward(self, hidden_states: torch.Tensor, mup_vector: torch.Tensor | None = None):
         projected_states, _ = self.in_proj(hidden_states)
         ssm_output = torch.empty(
-            hidden_states.shape[0], self.tped_intermediate_size,
-            dtype=hidden_states.dtype, device=hidden_states.device,
+            hidden_states.shape[0],
+            self.tped_intermediate_size,
+            dtype=hidden_states.dtype,
+            device=hidden_states.device,
         )
         # vLLM's op (a graph split point) calls back into self.conv_ssm_forward.
         torch.ops.vllm.mamba_mixer2(projected_states, ssm_output, _encode_layer_name(self.prefix))
@@ -65,7 +69,9 @@ class PluginMambaMixer2(MambaMixer2):
             self._warmup_ssd_kernels(projected_states)
             return
         assert isinstance(metadata, StateSlotsMetadata)
-        conv_state = self.kv_cache[0] if is_conv_state_dim_first() else self.kv_cache[0].transpose(-1, -2)
+        conv_state = (
+            self.kv_cache[0] if is_conv_state_dim_first() else self.kv_cache[0].transpose(-1, -2)
+        )
         ssm_state = self.kv_cache[1]
 
         n_dec = metadata.num_decode_tokens
@@ -73,14 +79,29 @@ class PluginMambaMixer2(MambaMixer2):
         gate = projected_states[:n_all, : self.tped_intermediate_size]
         xbc, dt = torch.split(
             projected_states[:n_all, self.tped_intermediate_size :],
-            [self.tped_conv_size, self.tped_dt_size], dim=-1,
+            [self.tped_conv_size, self.tped_dt_size],
+            dim=-1,
         )
         if metadata.num_prefills > 0:
-            self._prefill(metadata, xbc[n_dec:], dt[n_dec:], gate[n_dec:], output[n_dec:n_all],
-                          conv_state, ssm_state)
+            self._prefill(
+                metadata,
+                xbc[n_dec:],
+                dt[n_dec:],
+                gate[n_dec:],
+                output[n_dec:n_all],
+                conv_state,
+                ssm_state,
+            )
         if n_dec > 0:
-            self._decode(metadata, xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec],
-                         conv_state, ssm_state)
+            self._decode(
+                metadata,
+                xbc[:n_dec],
+                dt[:n_dec],
+                gate[:n_dec],
+                output[:n_dec],
+                conv_state,
+                ssm_state,
+            )
         output[:n_all] = self._norm(output[:n_all])
 
     def _prefill(self, md, xbc, dt, gate, out, conv_state, ssm_state) -> None:
@@ -88,34 +109,56 @@ class PluginMambaMixer2(MambaMixer2):
         xbc_t = xbc.transpose(0, 1)
         checkpoint_idx, checkpoint_meta = prefill_checkpoint(md)
         xbc = causal_conv1d_fn(
-            xbc_t, self.conv_weights, self.conv1d.bias,
-            activation=self.activation, conv_states=conv_state,
-            has_initial_state=md.has_initial_states_p, cache_indices=md.state_indices_tensor_p,
-            metadata=md, query_start_loc=md.query_start_loc_p,
+            xbc_t,
+            self.conv_weights,
+            self.conv1d.bias,
+            activation=self.activation,
+            conv_states=conv_state,
+            has_initial_state=md.has_initial_states_p,
+            cache_indices=md.state_indices_tensor_p,
+            metadata=md,
+            query_start_loc=md.query_start_loc_p,
         ).transpose(0, 1)[:n]
         x, B, C = self.split_hidden_states_B_C_fn(xbc)
         initial_states = None
         if md.has_initial_states_p is not None and md.prep_initial_states:
             initial_states = torch.where(
                 md.has_initial_states_p[:, None, None, None],
-                ssm_state[md.state_indices_tensor_p], 0,
+                ssm_state[md.state_indices_tensor_p],
+                0,
             )
         final_states = mamba_chunk_scan_combined_varlen(
-            x.view(n, self.tped_heads, self.head_dim), dt, self.A,
-            B.view(n, self.tped_groups, -1), C.view(n, self.tped_groups, -1),
-            chunk_size=md.chunk_size, D=self.D,
-            z=gate.contiguous().view(n, self.tped_heads, self.head_dim), dt_bias=self.dt_bias,
-            seq_idx=md.seq_idx_p, cu_seqlens=md.query_start_loc_p,
-            cu_chunk_seqlens=md.cu_chunk_seqlen_p, last_chunk_indices=md.last_chunk_indices_p,
-            initial_states=initial_states, dt_softplus=True, dt_limit=(0.0, float("inf")),
-            out=out.view(n, self.tped_heads, self.head_dim), state_dtype=ssm_state.dtype,
+            x.view(n, self.tped_heads, self.head_dim),
+            dt,
+            self.A,
+            B.view(n, self.tped_groups, -1),
+            C.view(n, self.tped_groups, -1),
+            chunk_size=md.chunk_size,
+            D=self.D,
+            z=gate.contiguous().view(n, self.tped_heads, self.head_dim),
+            dt_bias=self.dt_bias,
+            seq_idx=md.seq_idx_p,
+            cu_seqlens=md.query_start_loc_p,
+            cu_chunk_seqlens=md.cu_chunk_seqlen_p,
+            last_chunk_indices=md.last_chunk_indices_p,
+            initial_states=initial_states,
+            dt_softplus=True,
+            dt_limit=(0.0, float("inf")),
+            out=out.view(n, self.tped_heads, self.head_dim),
+            state_dtype=ssm_state.dtype,
             return_intermediate_states=checkpoint_idx is not None,
         )
         if checkpoint_idx is not None:
             # vLLM 0.32 prefix caching: keep the states at block boundaries for later hits.
             store_prefill_checkpoint(
-                checkpoint_meta, checkpoint_idx, xbc_t, conv_state, final_states, ssm_state,
-                md.query_start_loc_p, state_len=self.conv_kernel_size - 1,
+                checkpoint_meta,
+                checkpoint_idx,
+                xbc_t,
+                conv_state,
+                final_states,
+                ssm_state,
+                md.query_start_loc_p,
+                state_len=self.conv_kernel_size - 1,
             )
             final_states = final_states[md.last_chunk_indices_p]
         ssm_state[md.state_indices_tensor_p] = final_states
@@ -124,15 +167,27 @@ class PluginMambaMixer2(MambaMixer2):
         n = xbc.shape[0]
         slots = md.state_slots_d[:n]
         xbc = causal_conv1d_update(
-            xbc, conv_state, self.conv_weights, self.conv1d.bias, self.activation,
-            state_slots=slots, null_slot=NULL_BLOCK_ID,
+            xbc,
+            conv_state,
+            self.conv_weights,
+            self.conv1d.bias,
+            self.activation,
+            state_slots=slots,
+            null_slot=NULL_BLOCK_ID,
         )
         x, B, C = self.split_hidden_states_B_C_fn(xbc)
         selective_state_update(
-            ssm_state, x.view(n, self.tped_heads, self.head_dim), dt, self.A,
-            B.view(n, self.tped_groups, -1), C.view(n, self.tped_groups, -1), self.D,
-            self.dt_bias, z=gate.view(n, self.tped_heads, self.head_dim),
-            state_slots=slots, null_slot=NULL_BLOCK_ID,
+            ssm_state,
+            x.view(n, self.tped_heads, self.head_dim),
+            dt,
+            self.A,
+            B.view(n, self.tped_groups, -1),
+            C.view(n, self.tped_groups, -1),
+            self.D,
+            self.dt_bias,
+            z=gate.view(n, self.tped_heads, self.head_dim),
+            state_slots=slots,
+            null_slot=NULL_BLOCK_ID,
             out=out.view(n, self.tped_heads, self.head_dim),
         )
 

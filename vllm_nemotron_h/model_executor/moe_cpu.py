@@ -65,26 +65,37 @@ class CpuNemotronHMoE(nn.Module):
         self.n_redundant_experts = 0
 
         self.gate = GateLinear(
-            config.hidden_size, config.n_routed_experts, out_dtype=torch.float32,
-            force_fp32_compute=True, prefix=f"{prefix}.gate",
+            config.hidden_size,
+            config.n_routed_experts,
+            out_dtype=torch.float32,
+            force_fp32_compute=True,
+            prefix=f"{prefix}.gate",
         )
         self.gate.e_score_correction_bias = nn.Parameter(
             torch.zeros(config.n_routed_experts, dtype=torch.float32)
         )
         self.experts = nn.ModuleList(
             vllm_nemotron_h.NemotronHMLP(
-                config, hidden_size=config.hidden_size,
-                intermediate_size=config.moe_intermediate_size, quant_config=quant_config,
-                bias=config.mlp_bias, reduce_results=False, prefix=f"{prefix}.experts.{i}",
+                config,
+                hidden_size=config.hidden_size,
+                intermediate_size=config.moe_intermediate_size,
+                quant_config=quant_config,
+                bias=config.mlp_bias,
+                reduce_results=False,
+                prefix=f"{prefix}.experts.{i}",
             )
             for i in range(config.n_routed_experts)
         )
         self.shared_experts = None
         if self.n_shared_experts:
             self.shared_experts = vllm_nemotron_h.NemotronHMLP(
-                config, hidden_size=config.hidden_size,
-                intermediate_size=config.moe_shared_expert_intermediate_size * self.n_shared_experts,
-                quant_config=quant_config, bias=config.mlp_bias, reduce_results=False,
+                config,
+                hidden_size=config.hidden_size,
+                intermediate_size=config.moe_shared_expert_intermediate_size
+                * self.n_shared_experts,
+                quant_config=quant_config,
+                bias=config.mlp_bias,
+                reduce_results=False,
                 prefix=f"{prefix}.shared_experts",
             )
 
@@ -92,8 +103,13 @@ class CpuNemotronHMoE(nn.Module):
         cfg = self.config
         router_logits, _ = self.gate(hidden_states)
         weights, ids = route(
-            router_logits, self.gate.e_score_correction_bias, cfg.num_experts_per_tok,
-            cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+            router_logits,
+            self.gate.e_score_correction_bias,
+            cfg.num_experts_per_tok,
+            cfg.n_group,
+            cfg.topk_group,
+            cfg.norm_topk_prob,
+            cfg.routed_scaling_factor,
         )
         out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
         for e, expert in enumerate(self.experts):
@@ -109,8 +125,16 @@ class CpuNemotronHMoEDecoderLayer(vllm_nemotron_h.NemotronHMoEDecoderLayer):
     """vLLM's MoE decoder layer (its forward, and the type vLLM's model counts MoE layers
     by) built around ``CpuNemotronHMoE``."""
 
-    def __init__(self, config, layer_idx: int, model_config=None, cache_config=None,
-                 quant_config=None, parallel_config=None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        config,
+        layer_idx: int,
+        model_config=None,
+        cache_config=None,
+        quant_config=None,
+        parallel_config=None,
+        prefix: str = "",
+    ) -> None:
         nn.Module.__init__(self)  # vLLM's __init__ would build the FusedMoE CPU refuses
         self.config = config
         self.mixer = CpuNemotronHMoE(config, quant_config, parallel_config, f"{prefix}.mixer")

@@ -32,19 +32,26 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
 class StateSlotsMetadataBuilder(Mamba2AttentionMetadataBuilder):
     metadata_cls = StateSlotsMetadata
 
-    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
-                 device: torch.device) -> None:
+    def __init__(
+        self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device
+    ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         max_rows = vllm_config.scheduler_config.max_num_seqs
         self.state_slots = torch.full((max_rows,), NULL_BLOCK_ID, dtype=torch.int64, device=device)
 
-    def build(self, common_prefix_len: int, common_attn_metadata: Any,
-              fast_build: bool = False, **kwargs: Any) -> StateSlotsMetadata:
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: Any,
+        fast_build: bool = False,
+        **kwargs: Any,
+    ) -> StateSlotsMetadata:
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
         return self._with_state_slots(metadata)
 
-    def update_block_table(self, metadata: StateSlotsMetadata, blk_table: torch.Tensor,
-                           slot_mapping: torch.Tensor) -> StateSlotsMetadata:
+    def update_block_table(
+        self, metadata: StateSlotsMetadata, blk_table: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> StateSlotsMetadata:
         # vLLM reuses one group's metadata for other groups of the same spec and swaps in
         # their block table: their slots differ, so they are rewritten here too.
         metadata = super().update_block_table(metadata, blk_table, slot_mapping)

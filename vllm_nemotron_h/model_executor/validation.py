@@ -31,8 +31,11 @@ def validate(vllm_config: VllmConfig) -> None:
     pattern = config.hybrid_override_pattern
     bad = sorted(set(pattern) - set(LAYER_TYPES))
     if bad:
-        _fail("hybrid_override_pattern", pattern,
-              "characters " + ", ".join(f"{k!r} ({v})" for k, v in LAYER_TYPES.items()))
+        _fail(
+            "hybrid_override_pattern",
+            pattern,
+            "characters " + ", ".join(f"{k!r} ({v})" for k, v in LAYER_TYPES.items()),
+        )
     if "M" in pattern:
         heads, groups = config.mamba_num_heads, config.n_groups
         if groups <= 0 or heads % groups:
