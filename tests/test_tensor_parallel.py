@@ -1,0 +1,45 @@
+"""tensor_parallel_size=2 on CPU (multiprocessing executor) gives the tokens of TP=1."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.engines import run_engine, run_engine_expect_failure
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = [[1, 40, 41, 300, 7, 9, 12], [1, 250], [1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99]]
+ENGINE = dict(dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True)
+# Two CPU workers need one core each (otherwise: 'Not enough allowed NUMA nodes to bind threads').
+TP_ENV = dict(VLLM_CPU_OMP_THREADS_BIND="0|1")
+
+
+@pytest.mark.parametrize("preset", ["dense", "dense-g1"])  # n_groups 2 (split) and 1 (spans ranks)
+def test_tp2_matches_tp1(tiny_checkpoint, preset):
+    model = tiny_checkpoint(preset)
+    spec = dict(model=model, prompts=PROMPTS, max_tokens=16, engine=ENGINE)
+    tp1 = run_engine(spec)
+    tp2 = run_engine(dict(spec, engine=dict(ENGINE, tensor_parallel_size=2)), **TP_ENV)
+    assert tp2["model_class"].startswith("vllm_nemotron_h.")
+    assert tp2["tokens"] == tp1["tokens"]
+
+
+def test_tp_size_not_dividing_groups_is_refused(tiny_checkpoint, tmp_path):
+    bad = tmp_path / "g3"
+    shutil.copytree(tiny_checkpoint("dense"), bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg.update(mamba_num_heads=6, n_groups=3, hybrid_override_pattern=None)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    err = run_engine_expect_failure(
+        dict(
+            model=str(bad),
+            prompts=[[1, 2]],
+            max_tokens=2,
+            engine=dict(ENGINE, tensor_parallel_size=2),
+        ),
+        **TP_ENV,
+    )
+    assert "unsupported n_groups=3; supported: 1 or a multiple of tensor_parallel_size=2" in err
