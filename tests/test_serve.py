@@ -1,0 +1,127 @@
+"""The OpenAI-compatible server with the plugin (loaded through its entry point only), driven
+by the `openai` client: completions and chat completions, streamed and not, equal to the
+offline LLM's greedy results for the same prompts."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+import pytest
+import requests
+
+from tests.engines import ROOT, engine_env, run_engine
+
+pytestmark = pytest.mark.engine
+
+ENGINE = dict(dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True)
+PROMPTS = ["The history of the city", "Hello there, how are", "A state space model"]
+CHAT = [{"role": "user", "content": "Tell me about the sea."}]
+NEW = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
+    model = tiny_checkpoint("dense")
+    port = free_port()
+    log = open(ROOT / ".cache" / "serve-test.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [
+            "bash",
+            str(ROOT / "examples" / "serve.sh"),
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "256",
+            "--gpu-memory-utilization",
+            "0.1",
+            "--enforce-eager",
+        ],
+        env=engine_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        assert proc.poll() is None, (ROOT / ".cache" / "serve-test.log").read_text()[-4000:]
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("server did not become healthy in 300 s")
+    yield model, url
+    proc.terminate()
+    proc.wait(timeout=60)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def offline(server):
+    from transformers import AutoTokenizer
+
+    model, _ = server
+    chat_prompt = AutoTokenizer.from_pretrained(model).apply_chat_template(
+        CHAT, add_generation_prompt=True, tokenize=False
+    )
+    res = run_engine(
+        dict(
+            model=model,
+            prompts=[[1]],
+            max_tokens=NEW,
+            engine=ENGINE,
+            text_prompts=PROMPTS + [chat_prompt],
+        )
+    )
+    return res["texts"]
+
+
+def test_completions_equal_offline(server, offline):
+    from openai import OpenAI
+
+    model, url = server
+    client = OpenAI(base_url=url + "/v1", api_key="unused")
+    for prompt, want in zip(PROMPTS, offline):
+        got = client.completions.create(model=model, prompt=prompt, max_tokens=NEW, temperature=0)
+        assert got.choices[0].text == want
+        streamed = "".join(
+            c.choices[0].text
+            for c in client.completions.create(
+                model=model, prompt=prompt, max_tokens=NEW, temperature=0, stream=True
+            )
+        )
+        assert streamed == want
+
+
+def test_chat_completions_equal_offline(server, offline):
+    from openai import OpenAI
+
+    model, url = server
+    client = OpenAI(base_url=url + "/v1", api_key="unused")
+    want = offline[-1]
+    got = client.chat.completions.create(model=model, messages=CHAT, max_tokens=NEW, temperature=0)
+    assert got.choices[0].message.content == want
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=model, messages=CHAT, max_tokens=NEW, temperature=0, stream=True
+        )
+    )
+    assert streamed == want
