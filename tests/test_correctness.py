@@ -78,3 +78,28 @@ def test_batch_invariance_and_slot_reuse(tiny_checkpoint):
     singles = [job[0] for job in res["jobs"][2:]]
     # 50 requests through 4 slots: every slot is reused many times.
     assert together == singles
+
+
+def test_prefix_cache_hits_give_reference_tokens(tiny_checkpoint):
+    """vLLM 0.32 turns prefix caching on for hybrid models ("align" Mamba cache mode): a
+    prompt that extends an earlier one starts from cached states and must still decode as
+    transformers does."""
+    model = tiny_checkpoint("dense")
+    rng = random.Random(3)
+    base = [1] + [rng.randrange(3, 500) for _ in range(300)]
+    longer = base + [rng.randrange(3, 500) for _ in range(37)]
+    res = run_engine(
+        dict(
+            model=model,
+            prompts=[base],
+            max_tokens=16,
+            engine=dict(
+                ENGINE, enable_prefix_caching=True, block_size=64, max_num_batched_tokens=512
+            ),
+            jobs=[[longer], [base]],
+        )
+    )
+    ref = hf_greedy(model, [base, longer], 16)
+    assert res["tokens"][0] == ref[0]
+    assert res["jobs"][0][0] == ref[1], "after a prefix-cache hit"
+    assert res["jobs"][1][0] == ref[0], "the same prompt again (full hit)"

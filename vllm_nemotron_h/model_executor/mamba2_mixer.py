@@ -127,7 +127,51 @@ class PluginMambaMixer2(MambaMixer2):
                 ssm_state[md.state_indices_tensor_p],
                 0,
             )
-        final_states = mamba_chunk_scan_combined_varlen(
+        # vLLM's CPU scan returns only the final state of each sequence, not per chunk.
+        per_chunk = checkpoint_idx is not None and xbc.is_cuda
+        final_states = self._scan(
+            md,
+            x,
+            B,
+            C,
+            dt,
+            gate,
+            out,
+            initial_states,
+            ssm_state.dtype,
+            per_chunk,
+            md.query_start_loc_p,
+            (md.seq_idx_p, md.cu_chunk_seqlen_p, md.last_chunk_indices_p),
+        )
+        if checkpoint_idx is not None:
+            # vLLM 0.32 prefix caching: keep the states at block boundaries for later hits.
+            if per_chunk:
+                chunk_states = final_states
+                final_states = final_states[md.last_chunk_indices_p]
+            else:
+                chunk_states = self._cpu_checkpoint_states(
+                    md, checkpoint_meta, x, B, C, dt, initial_states, ssm_state.dtype
+                )
+                checkpoint_idx = torch.arange(chunk_states.shape[0])
+            store_prefill_checkpoint(
+                checkpoint_meta,
+                checkpoint_idx,
+                xbc_t,
+                conv_state,
+                chunk_states,
+                ssm_state,
+                md.query_start_loc_p,
+                state_len=self.conv_kernel_size - 1,
+            )
+        ssm_state[md.state_indices_tensor_p] = final_states
+
+    def _scan(
+        self, md, x, B, C, dt, gate, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
+    ) -> torch.Tensor:
+        """vLLM's chunked scan (its CPU op on CPU); gated by ``gate`` when given."""
+        n = x.shape[0]
+        seq_idx, cu_chunk_seqlens, last_chunk_indices = chunks
+        return mamba_chunk_scan_combined_varlen(
             x.view(n, self.tped_heads, self.head_dim),
             dt,
             self.A,
@@ -135,33 +179,51 @@ class PluginMambaMixer2(MambaMixer2):
             C.view(n, self.tped_groups, -1),
             chunk_size=md.chunk_size,
             D=self.D,
-            z=gate.contiguous().view(n, self.tped_heads, self.head_dim),
+            z=None if gate is None else gate.contiguous().view(n, self.tped_heads, self.head_dim),
             dt_bias=self.dt_bias,
-            seq_idx=md.seq_idx_p,
-            cu_seqlens=md.query_start_loc_p,
-            cu_chunk_seqlens=md.cu_chunk_seqlen_p,
-            last_chunk_indices=md.last_chunk_indices_p,
+            seq_idx=seq_idx,
+            cu_seqlens=cu_seqlens,
+            cu_chunk_seqlens=cu_chunk_seqlens,
+            last_chunk_indices=last_chunk_indices,
             initial_states=initial_states,
             dt_softplus=True,
             dt_limit=(0.0, float("inf")),
             out=out.view(n, self.tped_heads, self.head_dim),
-            state_dtype=ssm_state.dtype,
-            return_intermediate_states=checkpoint_idx is not None,
+            state_dtype=state_dtype,
+            return_intermediate_states=per_chunk,
         )
-        if checkpoint_idx is not None:
-            # vLLM 0.32 prefix caching: keep the states at block boundaries for later hits.
-            store_prefill_checkpoint(
-                checkpoint_meta,
-                checkpoint_idx,
-                xbc_t,
-                conv_state,
-                final_states,
-                ssm_state,
-                md.query_start_loc_p,
-                state_len=self.conv_kernel_size - 1,
-            )
-            final_states = final_states[md.last_chunk_indices_p]
-        ssm_state[md.state_indices_tensor_p] = final_states
+
+    def _cpu_checkpoint_states(self, md, meta, x, B, C, dt, initial_states, state_dtype):
+        """The state of each prefill row after its checkpoint offset, one per row (zeros where
+        the row stores none), by scanning each row's tokens up to that offset once more."""
+        offsets = meta.checkpoint_offsets.tolist()
+        starts = md.query_start_loc_p.tolist()
+        rows = [r for r, off in enumerate(offsets) if off > 0]
+        states = torch.zeros(
+            len(offsets), self.tped_heads, self.head_dim, self.ssm_state_size, dtype=state_dtype
+        )
+        if not rows:
+            return states
+        tokens = torch.cat([torch.arange(starts[r], starts[r] + offsets[r]) for r in rows])
+        cu = torch.tensor([0] + [offsets[r] for r in rows]).cumsum(0).to(torch.int32)
+        init = initial_states[rows] if initial_states is not None else None
+        scratch = torch.empty(len(tokens), self.tped_heads * self.head_dim, dtype=x.dtype)
+        states[rows] = self._scan(
+            md,
+            x[tokens],
+            B[tokens],
+            C[tokens],
+            dt[tokens],
+            None,
+            scratch,
+            init,
+            state_dtype,
+            False,
+            cu,
+            # The CPU scan reads only cu_seqlens; the wrapper insists on chunk metadata.
+            (torch.zeros(len(rows), dtype=torch.int32), cu, torch.arange(len(rows))),
+        )
+        return states
 
     def _decode(self, md, xbc, dt, gate, out, conv_state, ssm_state) -> None:
         n = xbc.shape[0]
