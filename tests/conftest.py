@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,6 +21,15 @@ def tiny(preset: str) -> str:
     from vllm_nemotron_h.checkpoints import write_tiny_checkpoint
 
     return str(write_tiny_checkpoint(CACHE / preset, preset))
+
+
+def with_config(src: str, dst: Path, **changes) -> str:
+    """A copy of checkpoint ``src`` at ``dst`` whose config.json has ``changes`` applied."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
 
 
 @pytest.fixture(scope="session")

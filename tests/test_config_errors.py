@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
+from tests.conftest import with_config
 from tests.engines import run_engine_expect_failure
 
 pytestmark = pytest.mark.engine
 
 
 def test_n_groups_not_dividing_heads_is_refused(tiny_checkpoint, tmp_path):
-    bad = tmp_path / "bad"
-    shutil.copytree(tiny_checkpoint("dense"), bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg["n_groups"] = 3  # 8 heads
-    (bad / "config.json").write_text(json.dumps(cfg))
+    bad = with_config(tiny_checkpoint("dense"), tmp_path / "bad", n_groups=3)  # 8 heads
     err = run_engine_expect_failure(
         dict(
-            model=str(bad),
+            model=bad,
             prompts=[[1, 2]],
             max_tokens=2,
             engine=dict(dtype="float32", max_model_len=256, gpu_memory_utilization=0.1),

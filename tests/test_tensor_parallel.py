@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
+from tests.conftest import with_config
 from tests.engines import run_engine, run_engine_expect_failure
 
 pytestmark = pytest.mark.engine
@@ -28,14 +26,10 @@ def test_tp2_matches_tp1(tiny_checkpoint, preset):
 
 
 def test_tp_size_not_dividing_groups_is_refused(tiny_checkpoint, tmp_path):
-    bad = tmp_path / "g3"
-    shutil.copytree(tiny_checkpoint("dense"), bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg.update(mamba_num_heads=6, n_groups=3, hybrid_override_pattern=None)
-    (bad / "config.json").write_text(json.dumps(cfg))
+    bad = with_config(tiny_checkpoint("dense"), tmp_path / "g3", mamba_num_heads=6, n_groups=3)
     err = run_engine_expect_failure(
         dict(
-            model=str(bad),
+            model=bad,
             prompts=[[1, 2]],
             max_tokens=2,
             engine=dict(ENGINE, tensor_parallel_size=2),
