@@ -43,6 +43,8 @@ class PluginMambaMixer2(MambaMixer2):
         self.tped_groups = self.n_groups // self.tp_size
         self.group_size = self.intermediate_size // kwargs["n_groups"]
         # n_groups == 1 under TP: the one group spans ranks, its sum of squares is all-reduced.
+        # vLLM's conv-state layout is fixed for the process: read it once, not per layer and step.
+        self.conv_state_dim_first = is_conv_state_dim_first()
         self.norm_spans_ranks = self.tp_size > 1 and kwargs["n_groups"] == 1
 
     def get_attn_backend(self) -> type[StateSlotsMamba2Backend]:
@@ -70,7 +72,7 @@ class PluginMambaMixer2(MambaMixer2):
             return
         assert isinstance(metadata, StateSlotsMetadata)
         conv_state = (
-            self.kv_cache[0] if is_conv_state_dim_first() else self.kv_cache[0].transpose(-1, -2)
+            self.kv_cache[0] if self.conv_state_dim_first else self.kv_cache[0].transpose(-1, -2)
         )
         ssm_state = self.kv_cache[1]
 
