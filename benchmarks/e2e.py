@@ -7,6 +7,9 @@ time to first token is t(1 token). Rows are merged into benchmarks/results/e2e-<
 (keys model, batch, state_dtype, plugin_tok_s, builtin_tok_s, ...) and plotted.
 
     python benchmarks/e2e.py --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16
+    python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32 --batches 64 \
+        --tensor-parallel-size 2 --distributed-executor-backend ray \
+        --output benchmarks/results/tp2-ray-h200.json
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ RESULTS = Path(__file__).parent / "results"
 PROMPT_LEN, NEW_TOKENS = 128, 256
 
 
-def child(model: str, state_dtype: str, batches: list[int]) -> dict:
+def child(model: str, state_dtype: str, batches: list[int], engine: dict) -> dict:
     import torch
     from vllm import LLM, SamplingParams
 
@@ -42,6 +45,7 @@ def child(model: str, state_dtype: str, batches: list[int]) -> dict:
         max_num_seqs=max(batches),
         gpu_memory_utilization=0.9,
         compilation_config={"cudagraph_capture_sizes": sorted(set(batches))},
+        **engine,
     )
     start_s = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
@@ -70,40 +74,47 @@ def child(model: str, state_dtype: str, batches: list[int]) -> dict:
         out["batches"][b] = dict(
             tok_s=b * NEW_TOKENS / decode_s, tpot_ms=1e3 * decode_s / NEW_TOKENS, ttft_ms=1e3 * t1
         )
-        print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", flush=True)
+        print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", file=sys.stderr, flush=True)
     return out
 
 
-def run_child(model: str, state_dtype: str, impl: str, batches: list[int]) -> dict:
+def run_child(model: str, state_dtype: str, impl: str, batches: list[int], engine: dict) -> dict:
     env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")
     env.pop("VLLM_NEMOTRON_H_DISABLE", None)
     if impl == "builtin":
         env["VLLM_NEMOTRON_H_DISABLE"] = "1"
-    cmd = [sys.executable, __file__, "--child", model, state_dtype, ",".join(map(str, batches))]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    spec = dict(model=model, state_dtype=state_dtype, batches=batches, engine=engine)
+    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
+    # vLLM's log (stderr) passes through: a long engine start shows where it is.
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("CHILD_RESULT "):
             return json.loads(line[len("CHILD_RESULT ") :])
-    raise RuntimeError(f"{impl} {model} {state_dtype} failed:\n{proc.stderr[-5000:]}")
+    raise RuntimeError(f"{impl} {model} {state_dtype} failed (rc={proc.returncode}), log above")
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        model, sdt, batches = sys.argv[2], sys.argv[3], [int(b) for b in sys.argv[4].split(",")]
-        print("CHILD_RESULT " + json.dumps(child(model, sdt, batches)), flush=True)
+        print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="nemotron-h-8b,nano-9b-v2")
     ap.add_argument("--state-dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--impls", default="builtin,plugin")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--distributed-executor-backend", default=None, help="e.g. ray")
+    ap.add_argument("--output", type=Path, help="default: benchmarks/results/e2e-<gpu>.json")
     args = ap.parse_args()
+    engine = dict(tensor_parallel_size=args.tensor_parallel_size)
+    if args.distributed_executor_backend:
+        engine["distributed_executor_backend"] = args.distributed_executor_backend
     import torch
     import vllm
 
     gpu = torch.cuda.get_device_name()
     tag = "h100" if "H100" in gpu else gpu.split()[-1].lower()
-    path = RESULTS / f"e2e-{tag}.json"
+    path = args.output or RESULTS / f"e2e-{tag}.json"
     doc = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
     doc["meta"] = dict(
         gpu=gpu,
@@ -114,11 +125,15 @@ def main() -> None:
         new_tokens=NEW_TOKENS,
         weights="random bf16 (load_format=dummy)",
         mode="torch.compile + CUDA graphs",
+        gpus=torch.cuda.device_count(),
+        **engine,
     )
     batches = [int(b) for b in args.batches.split(",")]
     for model in args.models.split(","):
         for sdt in args.state_dtypes.split(","):
-            res = {impl: run_child(model, sdt, impl, batches) for impl in args.impls.split(",")}
+            res = {
+                impl: run_child(model, sdt, impl, batches, engine) for impl in args.impls.split(",")
+            }
             for b in batches:
                 key = dict(model=model, batch=b, state_dtype=sdt)
                 row = next((r for r in doc["rows"] if all(r[k] == v for k, v in key.items())), None)
@@ -139,7 +154,7 @@ def main() -> None:
                 if "plugin_tok_s" in row and "builtin_tok_s" in row:
                     row["speedup"] = round(row["plugin_tok_s"] / row["builtin_tok_s"], 3)
                 print(json.dumps(row), flush=True)
-            RESULTS.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(doc, indent=1))
     plot(doc, path.with_suffix(".png"))
 
@@ -170,7 +185,9 @@ def plot(doc: dict, path: Path) -> None:
         ax.set_ylabel("decode tokens/s")
         ax.legend(fontsize=7)
     meta = doc["meta"]
-    fig.suptitle(f"{meta['gpu']}, vLLM {meta['vllm']}, {meta['date']}", fontsize=9)
+    tp = meta.get("tensor_parallel_size", 1)
+    how = f", TP={tp} ({meta.get('distributed_executor_backend', 'mp')})" if tp > 1 else ""
+    fig.suptitle(f"{meta['gpu']}{how}, vLLM {meta['vllm']}, {meta['date']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

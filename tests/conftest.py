@@ -36,3 +36,33 @@ def with_config(src: str, dst: Path, **changes) -> str:
 def tiny_checkpoint():
     """Path of a tiny random-weight checkpoint with tokenizer, by preset name."""
     return tiny
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Marks each test's node with whether its call passed (fixtures read it at teardown)."""
+    report = yield
+    if report.when == "call":
+        item.passed = report.passed
+    return report
+
+
+@pytest.fixture(scope="session")
+def reliability_report():
+    """Rows for docs/reliability.md; written once at the end of the session."""
+    from tests.reliability_report import ReliabilityReport
+
+    report = ReliabilityReport()
+    yield report
+    report.write()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_checkpoint):
+    """One OpenAI server on the tiny dense model for all server tests: (model, base URL).
+    max_num_seqs=8 so that concurrent load queues (tests/test_reliability.py)."""
+    from tests.server import openai_server
+
+    model = tiny_checkpoint("dense")
+    with openai_server(model, "--max-num-seqs", "8", log_name="tiny-server.log") as url:
+        yield model, url

@@ -5,10 +5,12 @@ built-in model with VLLM_NEMOTRON_H_DISABLE=1, GPU runs, tensor parallel):
 
     python tests/engine_runner.py '{"model": "...", "prompts": [[1, 2, 3]], "max_tokens": 8,
                                     "engine": {"dtype": "float32"}, "logprobs": false,
-                                    "jobs": [[[1, 2]], [[3, 4], [5]]]}'
+                                    "jobs": [[[1, 2]], [[3, 4], [5]]], "metrics": true}'
 
 ``prompts`` run as one batch (result "tokens"); each entry of ``jobs`` runs afterwards as a
-batch of its own through the same engine (result "jobs").
+batch of its own through the same engine (result "jobs"). With "metrics" (and
+``disable_log_stats: false`` among the engine arguments) the engine's counters and gauges
+after all of it come back as "metrics" (e.g. "vllm:num_preemptions").
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def run(spec: dict) -> dict:
             [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
             for o in outs
         ]
+    if spec.get("metrics"):
+        result["metrics"] = {
+            m.name: m.value
+            for m in llm.get_metrics()
+            if isinstance(getattr(m, "value", None), (int, float))
+        }
     return result
 
 

@@ -4,14 +4,9 @@ offline LLM's greedy results for the same prompts."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
-
 import pytest
-import requests
 
-from tests.engines import ROOT, engine_env, run_engine
+from tests.engines import run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -21,56 +16,9 @@ CHAT = [{"role": "user", "content": "Tell me about the sea."}]
 NEW = 16
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tiny_checkpoint):
-    model = tiny_checkpoint("dense")
-    port = free_port()
-    log = open(ROOT / ".cache" / "serve-test.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [
-            "bash",
-            str(ROOT / "examples" / "serve.sh"),
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "256",
-            "--gpu-memory-utilization",
-            "0.1",
-            "--enforce-eager",
-        ],
-        env=engine_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        assert proc.poll() is None, (ROOT / ".cache" / "serve-test.log").read_text()[-4000:]
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail("server did not become healthy in 300 s")
-    yield model, url
-    proc.terminate()
-    proc.wait(timeout=60)
-    log.close()
+def server(tiny_server):
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

@@ -39,15 +39,18 @@ def test_group_rms_norm_matches_reference(device, dtype, gate):
         x = rnd(device, 4, hidden, dtype=dtype)
         z = rnd(device, 4, hidden, dtype=dtype) if gate else None
         w = rnd(device, hidden, dtype=dtype)
-        assert (
-            rel_err(group_rms_norm(x, w, group, 1e-5, z), group_rms_norm_ref(x, w, group, 1e-5, z))
-            < TOL[dtype]
-        )
+        ref = group_rms_norm_ref(x, w, group, 1e-5, z)
+        assert rel_err(group_rms_norm(x, w, group, 1e-5, z), ref) < TOL[dtype]
+        # in place, as the model calls it: the result lands in x, nothing else is returned
+        assert group_rms_norm(x, w, group, 1e-5, z, out=x) is x
+        assert rel_err(x, ref) < TOL[dtype]
 
 
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="group_size"):
         group_rms_norm(torch.zeros(2, 10), torch.ones(10), 3, 1e-5)
+    with pytest.raises(ValueError, match="out must have x's dtype"):
+        group_rms_norm(torch.zeros(2, 10), torch.ones(10), 5, 1e-5, out=torch.zeros(2, 10).half())
     with pytest.raises(ValueError, match="weight must have shape"):
         rms_norm(torch.zeros(2, 10), torch.ones(9), 1e-5)
     with pytest.raises(ValueError, match="residual must have shape"):

@@ -5,10 +5,11 @@
     r   = x + residual                 (rounded to x.dtype; returned as the new residual)
     out = r * rsqrt(mean(r^2) + eps) * weight
 
-``group_rms_norm(x, weight, group_size, eps, z)`` normalises each contiguous group of
+``group_rms_norm(x, weight, group_size, eps, z, out)`` normalises each contiguous group of
 ``group_size`` channels on its own (Mamba2's gated norm with ``n_groups`` groups); with a
 gate ``z`` the input is ``x * silu(z)`` first (the prefill path; decode gates in the state
-update already).
+update already). ``out`` may be ``x`` itself (in place: each program reads its group before
+it writes it), which saves the model a copy per Mamba layer.
 
 Shapes: x, residual, z, out (tokens, hidden), weight (hidden,); any float dtype, math in
 fp32. Inference mode: nothing but the outputs is allocated or written (no rstd).
@@ -99,6 +100,7 @@ def group_rms_norm_ref(
     group_size: int,
     eps: float,
     z: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain-PyTorch reference with the same signature and result (the CPU path)."""
     xf = x.float()
@@ -106,7 +108,8 @@ def group_rms_norm_ref(
         xf = xf * torch.nn.functional.silu(z.float())
     g = xf.view(*x.shape[:-1], x.shape[-1] // group_size, group_size)
     g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
-    return (g.view(x.shape) * weight.float()).to(x.dtype)
+    normed = (g.view(x.shape) * weight.float()).to(x.dtype)
+    return normed if out is None else out.copy_(normed)
 
 
 def _check_rows(name: str, t: torch.Tensor, like: torch.Tensor | None = None) -> None:
@@ -160,8 +163,10 @@ def group_rms_norm(
     group_size: int,
     eps: float,
     z: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Normalises each group of ``group_size`` channels; gates with silu(z) first if given."""
+    """Normalises each group of ``group_size`` channels; gates with silu(z) first if given.
+    Writes into ``out`` when given (``x`` itself is allowed) and returns it."""
     _check_rows("x", x)
     hidden = x.shape[1]
     check_tensor("weight", weight, (hidden,), ACTIVATION_DTYPES, x.device)
@@ -169,9 +174,14 @@ def group_rms_norm(
         raise ValueError(f"group_size must divide the hidden size {hidden}, got {group_size}")
     if z is not None:
         _check_rows("z", z, x)
+    if out is not None:
+        _check_rows("out", out, x)
+        if out.dtype != x.dtype:
+            raise ValueError(f"out must have x's dtype {x.dtype}, got {out.dtype}")
     if not use_triton(x):
-        return group_rms_norm_ref(x, weight, group_size, eps, z)
-    out = torch.empty_like(x)
+        return group_rms_norm_ref(x, weight, group_size, eps, z, out)
+    if out is None:
+        out = torch.empty_like(x)
     if x.shape[0]:
         block = triton.next_power_of_2(group_size)
         zz = z if z is not None else x

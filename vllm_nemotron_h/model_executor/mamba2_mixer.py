@@ -104,7 +104,7 @@ class PluginMambaMixer2(MambaMixer2):
                 conv_state,
                 ssm_state,
             )
-        output[:n_all] = self._norm(output[:n_all])
+        self._norm_in_place(output[:n_all])
 
     def _prefill(self, md, xbc, dt, gate, out, conv_state, ssm_state) -> None:
         n = xbc.shape[0]
@@ -255,10 +255,12 @@ class PluginMambaMixer2(MambaMixer2):
             out=out.view(n, self.tped_heads, self.head_dim),
         )
 
-    def _norm(self, y: torch.Tensor) -> torch.Tensor:
+    def _norm_in_place(self, y: torch.Tensor) -> None:
+        eps = self.norm.variance_epsilon
         if not self.norm_spans_ranks:
-            return group_rms_norm(y, self.norm.weight, self.group_size, self.norm.variance_epsilon)
+            group_rms_norm(y, self.norm.weight, self.group_size, eps, out=y)
+            return
         yf = y.float()
         sum_sq = tensor_model_parallel_all_reduce(yf.pow(2).sum(-1, keepdim=True))
-        rstd = torch.rsqrt(sum_sq / (y.shape[-1] * self.tp_size) + self.norm.variance_epsilon)
-        return (yf * rstd * self.norm.weight.float()).to(y.dtype)
+        rstd = torch.rsqrt(sum_sq / (y.shape[-1] * self.tp_size) + eps)
+        y.copy_(yf * rstd * self.norm.weight.float())

@@ -1,0 +1,53 @@
+"""docs/reliability.md, written from the test run: each reliability test adds one row (what
+was tried, how much of it, the result). Rows of checks that did not run this time are kept
+from the previous run with their own date, so a partial run never drops a row."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+HEADER = """# Reliability: what was tried and what held
+
+Written by the test suite (`make test`; rows come from `tests/test_reliability.py` and
+`tests/kernels/test_properties.py`), not by hand. Each row is one check: what was tried,
+how much, and the result. A check that fails leaves its previous row in place but the test
+run fails, so a landed commit has every row passing.
+
+| check | what was tried | result | run |
+|---|---|---|---|
+"""
+
+
+class ReliabilityReport:
+    def __init__(self, directory: Path = DOCS) -> None:
+        self.json_path = directory / "reliability.json"
+        self.md_path = directory / "reliability.md"
+        self.rows: dict[str, dict] = {}
+
+    def add(self, check: str, tried: str, result: str) -> None:
+        self.rows[check] = dict(tried=tried, result=result, run=self._stamp())
+
+    @staticmethod
+    def _stamp() -> str:
+        import vllm
+
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        return f"{day}, vLLM {vllm.__version__}, {platform.machine()}"
+
+    def write(self) -> None:
+        if not self.rows:
+            return
+        rows = json.loads(self.json_path.read_text()) if self.json_path.exists() else {}
+        rows.update(self.rows)
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        self.json_path.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+        lines = [
+            f"| {check} | {r['tried']} | {r['result']} | {r['run']} |"
+            for check, r in sorted(rows.items())
+        ]
+        self.md_path.write_text(HEADER + "\n".join(lines) + "\n")
