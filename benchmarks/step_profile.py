@@ -42,7 +42,7 @@ CATEGORIES = [
     ("attention", r"attention|flash|fmha|attn"),
     (
         "GEMM / GEMV",
-        r"gemm|gemv|cutlass|xmma|nvjet|matmul|aten::mm|aten::addmm|aten::linear|splitK",
+        r"gemm|gemv|cutlass|xmma|nvjet|matmul|onednn_mm|aten::mm|aten::addmm|splitK",
     ),
     ("Inductor fused", r"^triton_"),
     ("copies", r"[Mm]emcpy|[Mm]emset|copy|aten::index"),
