@@ -132,7 +132,8 @@ def test_concurrent_load_equals_each_request_alone(tiny_server, reliability_repo
     reliability_report.add(
         "concurrent load",
         f"64 streaming requests at once (prompts 1-160 tokens, 1-48 new, random), "
-        f"`vllm serve` with max_num_seqs={MAX_NUM_SEQS}, tiny fp32 model on CPU",
+        f"the OpenAI server (examples/serve.sh) with max_num_seqs={MAX_NUM_SEQS}, tiny fp32 "
+        "model on CPU (references sent first, one by one)",
         f"64/64 token-equal to each request alone; {len(reqs) / wall:.1f} requests/s, "
         f"longest wait for the first token {max(g['wait'] for g in got):.2f} s, "
         f"longest request {max(g['total'] for g in got):.2f} s; cache usage 0 % when idle",
