@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-cpu
 
-.PHONY: setup demo test lint serve
+.PHONY: setup demo test lint serve reliability-doc
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -21,6 +21,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# docs/reliability.md from a run of the reliability and kernel-property tests
+reliability-doc: setup
+	VLLM_NEMOTRON_H_REPORT_DIR=docs $(BIN)/python -m pytest tests/test_reliability.py tests/kernels/test_properties.py
 
 lint: setup
 	$(BIN)/ruff check .

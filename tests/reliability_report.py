@@ -1,22 +1,28 @@
-"""docs/reliability.md, written from the test run: each reliability test adds one row (what
-was tried, how much of it, the result). Rows of checks that did not run this time are kept
-from the previous run with their own date, so a partial run never drops a row."""
+"""reliability.md, written from the test run: each reliability test adds one row (what was
+tried, how much of it, the result). Rows of checks that did not run this time are kept from
+the previous run with their own date, so a partial run never drops a row.
+
+`make test` writes it to .cache/reliability/ (tests do not touch tracked files);
+`make reliability-doc` sets VLLM_NEMOTRON_H_REPORT_DIR=docs to refresh docs/reliability.md."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+REPORT_DIR = ROOT / os.environ.get("VLLM_NEMOTRON_H_REPORT_DIR", ".cache/reliability")
 
 HEADER = """# Reliability: what was tried and what held
 
-Written by the test suite (`make test`; rows come from `tests/test_reliability.py` and
-`tests/kernels/test_properties.py`), not by hand. Each row is one check: what was tried,
-how much, and the result. A check that fails leaves its previous row in place but the test
-run fails, so a landed commit has every row passing.
+Written by the tests (`make reliability-doc`: `tests/test_reliability.py` and
+`tests/kernels/test_properties.py`; `make test` writes the same table to
+`.cache/reliability/`), not by hand. Each row is one check: what was tried, how much, and the
+result. A row is added only by a test that passed; a check that fails keeps its previous row
+and fails the run.
 
 | check | what was tried | result | run |
 |---|---|---|---|
@@ -24,7 +30,7 @@ run fails, so a landed commit has every row passing.
 
 
 class ReliabilityReport:
-    def __init__(self, directory: Path = DOCS) -> None:
+    def __init__(self, directory: Path = REPORT_DIR) -> None:
         self.json_path = directory / "reliability.json"
         self.md_path = directory / "reliability.md"
         self.rows: dict[str, dict] = {}
