@@ -1,11 +1,15 @@
 """Property tests over shapes, dtypes and strides for every kernel entry point: the result
 equals the reference, or a ValueError names the argument. Never a crash or a silent wrong
-answer. (CPU: Triton interpreter, small shapes; hypothesis draws fresh cases every run.)
-The count of cases and outcomes goes into docs/reliability.md."""
+answer. And over model configs: the loader's check refuses a config naming a field that is
+really out of range, or accepts it, and then every kernel takes its per-rank shapes.
+(CPU: Triton interpreter, small shapes; hypothesis draws fresh cases every run.)
+The count of cases and outcomes goes into the reliability table (tests/reliability_report.py)."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,38 +27,51 @@ from vllm_nemotron_h.kernels import (
     selective_state_update,
     selective_state_update_ref,
 )
+from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, validate
 
 DEV = "cuda" if GPU else "cpu"
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float16])
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-OUTCOMES: Counter[tuple[str, str]] = Counter()  # (entry point, "equal" | "ValueError")
+OUTCOMES: Counter[tuple[str, str]] = Counter()  # (entry point, "ok" | "refused")
+WHERE = "" if GPU else " (Triton interpreter)"
+KERNEL_ROW = (
+    "kernel arguments: {entry}",
+    "{n} random cases (hypothesis) over shapes, dtypes, strides, slots" + WHERE,
+    "{ok} equal to the reference, {refused} refused with a ValueError naming the argument "
+    "(state untouched); no crash, no wrong answer",
+)
+CONFIG_ROW = (
+    "model configs",
+    "{n} random configs (hypothesis): layer pattern, heads, n_groups, head_dim, d_state, conv "
+    "width, tensor-parallel size, Mamba cache mode, speculative tokens" + WHERE,
+    "{refused} refused at load naming a field that is out of range; {ok} accepted, and every "
+    "kernel then took the accepted config's per-rank shapes",
+)
 
 
 @pytest.fixture(autouse=True)
 def report_outcomes(request, reliability_report):
-    """After each property test that passed: its entry point's row in docs/reliability.md."""
+    """After each property test that passed: its rows in the reliability table."""
     OUTCOMES.clear()
     yield
     if not getattr(request.node, "passed", False):
         return
     for entry in sorted({e for e, _ in OUTCOMES}):
-        equal, refused = OUTCOMES[entry, "equal"], OUTCOMES[entry, "ValueError"]
-        reliability_report.add(
-            f"kernel arguments: {entry}",
-            f"{equal + refused} random cases (hypothesis) over shapes, dtypes, strides, "
-            f"slots{'' if GPU else ' (Triton interpreter)'}",
-            f"{equal} equal to the reference, {refused} refused with a ValueError naming the "
-            "argument (state untouched); no crash, no wrong answer",
+        ok, refused = OUTCOMES[entry, "ok"], OUTCOMES[entry, "refused"]
+        rows = CONFIG_ROW if entry == "config" else KERNEL_ROW
+        check, tried, result = (
+            text.format(entry=entry, n=ok + refused, ok=ok, refused=refused) for text in rows
         )
+        reliability_report.add(check, tried, result)
 
 
-def refused(entry: str, match: str):
-    OUTCOMES[entry, "ValueError"] += 1
-    return pytest.raises(ValueError, match=match)
+def refused(entry: str, match: str, error: type[Exception] = ValueError):
+    OUTCOMES[entry, "refused"] += 1
+    return pytest.raises(error, match=match)
 
 
 def equal(entry: str) -> None:
-    OUTCOMES[entry, "equal"] += 1
+    OUTCOMES[entry, "ok"] += 1
 
 
 def rnd(*shape, dtype=torch.float32, strided=False):
@@ -218,3 +235,127 @@ def test_rms_norm_property(rows, hidden, dtype, residual, strided_x, weight_len)
         assert rel_err(out[0], want[0]) < TOL[dtype] and rel_err(out[1], want[1]) < TOL[dtype]
     elif rows:
         assert rel_err(out, want) < TOL[dtype]
+
+
+# A supported config with at most one field set out of range (so that about half are
+# accepted and run); which fields are out of range is judged from the values alone.
+CONFIG_BROKEN = {
+    None: {},
+    "pattern": dict(pattern="M-X"),
+    "groups": dict(groups=3),
+    "no_groups": dict(groups=0),
+    "head_dim": dict(head_dim=160),
+    "d_state": dict(d_state=512),
+    "conv": dict(conv=5),
+    "heads": dict(heads=6, tp=4),
+    "cache_mode": dict(cache_mode="all"),
+    "spec_tokens": dict(spec_tokens=2),
+}
+
+
+@settings(SETTINGS, max_examples=80)
+@given(
+    pattern=st.sampled_from(["M-M*", "M*ME", "MM", "M*M-", "*-"]),
+    heads=st.sampled_from([2, 4, 8]),
+    groups=st.sampled_from([1, 2]),
+    head_dim=st.sampled_from([32, 48, 64, 80, 128]),
+    d_state=st.sampled_from([16, 64, 128, 256]),
+    conv=st.sampled_from([2, 3, 4]),
+    tp=st.sampled_from([1, 2]),
+    cache_mode=st.sampled_from(["none", "align"]),
+    broken=st.sampled_from([None] * 8 + list(CONFIG_BROKEN)[1:]),
+)
+def test_model_config_property(
+    pattern, heads, groups, head_dim, d_state, conv, tp, cache_mode, broken
+):
+    values = dict(
+        pattern=pattern,
+        heads=heads,
+        groups=groups,
+        head_dim=head_dim,
+        d_state=d_state,
+        conv=conv,
+        tp=tp,
+        cache_mode=cache_mode,
+        spec_tokens=0,
+    )
+    values.update(CONFIG_BROKEN[broken])
+    check_model_config(**values)
+
+
+def check_model_config(
+    pattern, heads, groups, head_dim, d_state, conv, tp, cache_mode, spec_tokens
+) -> None:
+    """validate() refuses the config naming a field that is out of range, or accepts it and
+    the mixer's kernels then run at its per-rank shapes (no failure after load)."""
+    hf = SimpleNamespace(
+        hybrid_override_pattern=pattern,
+        mamba_num_heads=heads,
+        n_groups=groups,
+        mamba_head_dim=head_dim,
+        ssm_state_size=d_state,
+        conv_kernel=conv,
+    )
+    vllm_config = SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=hf),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+        cache_config=SimpleNamespace(mamba_cache_mode=cache_mode),
+        num_speculative_tokens=spec_tokens,
+    )
+    mamba = "M" in pattern
+    out_of_range = {
+        field
+        for field, fine in [
+            ("hybrid_override_pattern", set(pattern) <= set("M*-E")),
+            ("n_groups", not mamba or (groups > 0 and heads % groups == 0)),
+            ("n_groups", not mamba or groups <= 0 or groups == 1 or groups % tp == 0),
+            ("mamba_head_dim", not mamba or 32 <= head_dim <= 128),
+            ("ssm_state_size", not mamba or 16 <= d_state <= 256),
+            ("conv_kernel", not mamba or 2 <= conv <= 4),
+            ("mamba_num_heads", not mamba or heads % tp == 0),
+            ("mamba_cache_mode", cache_mode != "all"),
+            ("num_speculative_tokens", spec_tokens == 0),
+        ]
+        if not fine
+    }
+    if out_of_range:
+        with refused("config", "unsupported", UnsupportedConfigError) as err:
+            validate(vllm_config)
+        named = re.search(r"unsupported (\w+)=", str(err.value)).group(1)
+        assert named in out_of_range, f"{named} named, but out of range: {out_of_range}"
+        return
+    validate(vllm_config)
+    equal("config")
+    if mamba:
+        run_mixer_kernels_at_rank_shapes(heads, groups, head_dim, d_state, conv, tp)
+
+
+def run_mixer_kernels_at_rank_shapes(heads, groups, head_dim, d_state, conv, tp) -> None:
+    """One decode token through the conv update, state update and group norm, with the
+    shapes one tensor-parallel rank of an accepted config gets (as PluginMambaMixer2 splits
+    them: n_groups 1 is replicated on every rank and its norm all-reduced instead)."""
+    heads_r = heads // tp
+    groups_r = groups // tp if groups % tp == 0 else 1
+    dim = heads_r * head_dim + 2 * groups_r * d_state
+    slots = torch.tensor([1], device=DEV)
+    xbc = causal_conv1d_update(
+        rnd(1, dim), rnd(2, dim, conv - 1), rnd(dim, conv), rnd(dim), "silu", slots, null_slot=0
+    )
+    x, B, C = torch.split(xbc, [heads_r * head_dim, groups_r * d_state, groups_r * d_state], -1)
+    y = selective_state_update(
+        rnd(2, heads_r, head_dim, d_state),
+        x.reshape(1, heads_r, head_dim),
+        rnd(1, heads_r),
+        -torch.rand(heads_r, device=DEV),
+        B.reshape(1, groups_r, d_state),
+        C.reshape(1, groups_r, d_state),
+        rnd(heads_r),
+        rnd(heads_r),
+        z=rnd(1, heads_r, head_dim),
+        state_slots=slots,
+        null_slot=0,
+    )
+    if not (tp > 1 and groups == 1):  # else the mixer all-reduces the norm across ranks
+        group_size = heads * head_dim // groups
+        out = group_rms_norm(y.view(1, -1), rnd(heads_r * head_dim), group_size, 1e-5)
+        assert torch.isfinite(out).all()
