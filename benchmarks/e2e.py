@@ -78,19 +78,20 @@ def child(model: str, state_dtype: str, batches: list[int], engine: dict) -> dic
     return out
 
 
-def run_child(model: str, state_dtype: str, impl: str, batches: list[int], engine: dict) -> dict:
-    env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")
-    env.pop("VLLM_NEMOTRON_H_DISABLE", None)
+def run_impl(script: str, impl: str, spec: dict, **env: str) -> dict:
+    """Runs ``script --child SPEC`` in a new process with the plugin (impl "plugin") or vLLM's
+    built-in model (impl "builtin"); returns the child's CHILD_RESULT. Shared with
+    step_profile.py. vLLM's log (stderr) passes through: a long engine start shows where it is."""
+    child_env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1", **env)
+    child_env.pop("VLLM_NEMOTRON_H_DISABLE", None)
     if impl == "builtin":
-        env["VLLM_NEMOTRON_H_DISABLE"] = "1"
-    spec = dict(model=model, state_dtype=state_dtype, batches=batches, engine=engine)
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
-    # vLLM's log (stderr) passes through: a long engine start shows where it is.
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        child_env["VLLM_NEMOTRON_H_DISABLE"] = "1"
+    cmd = [sys.executable, script, "--child", json.dumps(spec)]
+    proc = subprocess.run(cmd, env=child_env, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("CHILD_RESULT "):
             return json.loads(line[len("CHILD_RESULT ") :])
-    raise RuntimeError(f"{impl} {model} {state_dtype} failed (rc={proc.returncode}), log above")
+    raise RuntimeError(f"{impl} {spec} failed (rc={proc.returncode}), log above")
 
 
 def main() -> None:
@@ -132,7 +133,12 @@ def main() -> None:
     for model in args.models.split(","):
         for sdt in args.state_dtypes.split(","):
             res = {
-                impl: run_child(model, sdt, impl, batches, engine) for impl in args.impls.split(",")
+                impl: run_impl(
+                    __file__,
+                    impl,
+                    dict(model=model, state_dtype=sdt, batches=batches, engine=engine),
+                )
+                for impl in args.impls.split(",")
             }
             for b in batches:
                 key = dict(model=model, batch=b, state_dtype=sdt)

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+from e2e import RESULTS, run_impl  # benchmarks/ is this script's directory
+
 PROMPT_LEN = 128
 
 # First match wins; names are CUDA kernel names (or aten op names on CPU).
@@ -152,26 +151,6 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
     )
 
 
-def run_child(impl: str, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the profiler sees this process only
-    env.pop("VLLM_NEMOTRON_H_DISABLE", None)
-    if impl == "builtin":
-        env["VLLM_NEMOTRON_H_DISABLE"] = "1"
-    spec = dict(
-        model=args.model,
-        state_dtype=args.state_dtype,
-        batch=args.batch,
-        decode_steps=args.decode_steps,
-    )
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("CHILD_RESULT "):
-            return json.loads(line[len("CHILD_RESULT ") :])
-    raise RuntimeError(f"{impl} failed (rc={proc.returncode}), log above")
-
-
 def print_table(res: dict[str, dict]) -> None:
     impls = list(res)
     for step in ("prefill_step", "decode_step"):
@@ -197,7 +176,17 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--impls", default="builtin,plugin")
     args = ap.parse_args()
-    res = {impl: run_child(impl, args) for impl in args.impls.split(",")}
+    spec = dict(
+        model=args.model,
+        state_dtype=args.state_dtype,
+        batch=args.batch,
+        decode_steps=args.decode_steps,
+    )
+    # the engine in the child's own process: the profiler sees only that process
+    res = {
+        impl: run_impl(__file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        for impl in args.impls.split(",")
+    }
     print_table(res)
     device = next(iter(res.values()))["device"]
     tag = "cpu" if device == "cpu" else device.split()[1].lower()  # "NVIDIA H100 ..." -> h100
