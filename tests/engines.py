@@ -11,6 +11,11 @@ from pathlib import Path
 RUNNER = Path(__file__).with_name("engine_runner.py")
 ROOT = Path(__file__).resolve().parents[1]
 
+# Engine arguments of the CPU tests on the tiny checkpoints (the server gets the same as flags).
+TINY_ENGINE = dict(
+    dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True
+)
+
 
 def engine_env(**extra: str) -> dict[str, str]:
     """The environment for engine processes: no Triton interpreter (kernel tests set it),

@@ -12,16 +12,13 @@ from contextlib import contextmanager
 
 import requests
 
-from tests.engines import ROOT, engine_env
+from tests.engines import ROOT, TINY_ENGINE, engine_env
 
+# TINY_ENGINE as `vllm serve` flags: --dtype float32 ... --enforce-eager
 TINY_SERVER_ARGS = [
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "256",
-    "--gpu-memory-utilization",
-    "0.1",
-    "--enforce-eager",
+    arg
+    for key, value in TINY_ENGINE.items()
+    for arg in (["--" + key.replace("_", "-")] + ([] if value is True else [str(value)]))
 ]
 
 

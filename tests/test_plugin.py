@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.engines import engine_env, run_engine
+from tests.engines import TINY_ENGINE, engine_env, run_engine
 
 CHECK = """
 import sys
@@ -56,9 +56,7 @@ def test_running_engine_builds_plugin_class_and_builtin_with_switch(tiny_checkpo
         model=tiny_checkpoint("dense"),
         prompts=[[1, 20, 30, 40]],
         max_tokens=12,
-        engine=dict(
-            dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True
-        ),
+        engine=TINY_ENGINE,
     )
     ours = run_engine(spec)
     builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")

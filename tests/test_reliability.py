@@ -16,13 +16,13 @@ import httpx
 import pytest
 import requests
 
-from tests.engines import run_engine
+from tests.engines import TINY_ENGINE, run_engine
 from tests.server import server_metrics
 
 pytestmark = pytest.mark.engine
 
 SEED = int(os.environ.get("RELIABILITY_SEED", time.time_ns() % 2**31))
-MAX_MODEL_LEN = 256  # tests/server.py TINY_SERVER_ARGS
+MAX_MODEL_LEN = TINY_ENGINE["max_model_len"]
 MAX_NUM_SEQS = 8  # the tiny_server fixture
 
 
@@ -183,10 +183,7 @@ def test_preemption_recomputes_to_the_same_tokens(tiny_checkpoint, reliability_r
             max_tokens=100,
             # 16 blocks of 128 tokens hold ~3 of these sequences: the scheduler preempts
             engine=dict(
-                dtype="float32",
-                max_model_len=MAX_MODEL_LEN,
-                gpu_memory_utilization=0.1,
-                enforce_eager=True,
+                TINY_ENGINE,
                 max_num_seqs=MAX_NUM_SEQS,
                 num_gpu_blocks_override=16,
                 disable_log_stats=False,

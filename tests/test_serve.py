@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines import run_engine
+from tests.engines import TINY_ENGINE, run_engine
 
 pytestmark = pytest.mark.engine
 
-ENGINE = dict(dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True)
 PROMPTS = ["The history of the city", "Hello there, how are", "A state space model"]
 CHAT = [{"role": "user", "content": "Tell me about the sea."}]
 NEW = 16
@@ -34,7 +33,7 @@ def offline(server):
             model=model,
             prompts=[[1]],
             max_tokens=NEW,
-            engine=ENGINE,
+            engine=TINY_ENGINE,
             text_prompts=PROMPTS + [chat_prompt],
         )
     )

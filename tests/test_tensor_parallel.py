@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import with_config
-from tests.engines import run_engine, run_engine_expect_failure
+from tests.engines import TINY_ENGINE, run_engine, run_engine_expect_failure
 
 pytestmark = pytest.mark.engine
 
 PROMPTS = [[1, 40, 41, 300, 7, 9, 12], [1, 250], [1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99]]
-ENGINE = dict(dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True)
 # Two CPU workers need one core each (otherwise: 'Not enough allowed NUMA nodes to bind threads').
 TP_ENV = dict(VLLM_CPU_OMP_THREADS_BIND="0|1")
 
@@ -18,9 +17,9 @@ TP_ENV = dict(VLLM_CPU_OMP_THREADS_BIND="0|1")
 @pytest.mark.parametrize("preset", ["dense", "dense-g1"])  # n_groups 2 (split) and 1 (spans ranks)
 def test_tp2_matches_tp1(tiny_checkpoint, preset):
     model = tiny_checkpoint(preset)
-    spec = dict(model=model, prompts=PROMPTS, max_tokens=16, engine=ENGINE)
+    spec = dict(model=model, prompts=PROMPTS, max_tokens=16, engine=TINY_ENGINE)
     tp1 = run_engine(spec)
-    tp2 = run_engine(dict(spec, engine=dict(ENGINE, tensor_parallel_size=2)), **TP_ENV)
+    tp2 = run_engine(dict(spec, engine=dict(TINY_ENGINE, tensor_parallel_size=2)), **TP_ENV)
     assert tp2["model_class"].startswith("vllm_nemotron_h.")
     assert tp2["tokens"] == tp1["tokens"]
 
@@ -32,7 +31,7 @@ def test_tp_size_not_dividing_groups_is_refused(tiny_checkpoint, tmp_path):
             model=bad,
             prompts=[[1, 2]],
             max_tokens=2,
-            engine=dict(ENGINE, tensor_parallel_size=2),
+            engine=dict(TINY_ENGINE, tensor_parallel_size=2),
         ),
         **TP_ENV,
     )

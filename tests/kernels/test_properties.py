@@ -241,80 +241,57 @@ def test_rms_norm_property(rows, hidden, dtype, residual, strided_x, weight_len)
 # accepted and run); which fields are out of range is judged from the values alone.
 CONFIG_BROKEN = {
     None: {},
-    "pattern": dict(pattern="M-X"),
-    "groups": dict(groups=3),
-    "no_groups": dict(groups=0),
-    "head_dim": dict(head_dim=160),
-    "d_state": dict(d_state=512),
-    "conv": dict(conv=5),
-    "heads": dict(heads=6, tp=4),
-    "cache_mode": dict(cache_mode="all"),
-    "spec_tokens": dict(spec_tokens=2),
+    "pattern": dict(hybrid_override_pattern="M-X"),
+    "groups": dict(n_groups=3),
+    "no_groups": dict(n_groups=0),
+    "head_dim": dict(mamba_head_dim=160),
+    "d_state": dict(ssm_state_size=512),
+    "conv": dict(conv_kernel=5),
+    "heads": dict(mamba_num_heads=6, tensor_parallel_size=4),
+    "cache_mode": dict(mamba_cache_mode="all"),
+    "spec_tokens": dict(num_speculative_tokens=2),
 }
+SUPPORTED_CONFIGS = st.fixed_dictionaries(
+    dict(
+        hybrid_override_pattern=st.sampled_from(["M-M*", "M*ME", "MM", "M*M-", "*-"]),
+        mamba_num_heads=st.sampled_from([2, 4, 8]),
+        n_groups=st.sampled_from([1, 2]),
+        mamba_head_dim=st.sampled_from([32, 48, 64, 80, 128]),
+        ssm_state_size=st.sampled_from([16, 64, 128, 256]),
+        conv_kernel=st.sampled_from([2, 3, 4]),
+        tensor_parallel_size=st.sampled_from([1, 2]),
+        mamba_cache_mode=st.sampled_from(["none", "align"]),
+        num_speculative_tokens=st.just(0),
+    )
+)
 
 
 @settings(SETTINGS, max_examples=80)
-@given(
-    pattern=st.sampled_from(["M-M*", "M*ME", "MM", "M*M-", "*-"]),
-    heads=st.sampled_from([2, 4, 8]),
-    groups=st.sampled_from([1, 2]),
-    head_dim=st.sampled_from([32, 48, 64, 80, 128]),
-    d_state=st.sampled_from([16, 64, 128, 256]),
-    conv=st.sampled_from([2, 3, 4]),
-    tp=st.sampled_from([1, 2]),
-    cache_mode=st.sampled_from(["none", "align"]),
-    broken=st.sampled_from([None] * 8 + list(CONFIG_BROKEN)[1:]),
-)
-def test_model_config_property(
-    pattern, heads, groups, head_dim, d_state, conv, tp, cache_mode, broken
-):
-    values = dict(
-        pattern=pattern,
-        heads=heads,
-        groups=groups,
-        head_dim=head_dim,
-        d_state=d_state,
-        conv=conv,
-        tp=tp,
-        cache_mode=cache_mode,
-        spec_tokens=0,
-    )
-    values.update(CONFIG_BROKEN[broken])
-    check_model_config(**values)
-
-
-def check_model_config(
-    pattern, heads, groups, head_dim, d_state, conv, tp, cache_mode, spec_tokens
-) -> None:
+@given(fields=SUPPORTED_CONFIGS, broken=st.sampled_from([None] * 8 + list(CONFIG_BROKEN)[1:]))
+def test_model_config_property(fields, broken):
     """validate() refuses the config naming a field that is out of range, or accepts it and
     the mixer's kernels then run at its per-rank shapes (no failure after load)."""
-    hf = SimpleNamespace(
-        hybrid_override_pattern=pattern,
-        mamba_num_heads=heads,
-        n_groups=groups,
-        mamba_head_dim=head_dim,
-        ssm_state_size=d_state,
-        conv_kernel=conv,
-    )
+    c = SimpleNamespace(**{**fields, **CONFIG_BROKEN[broken]})
     vllm_config = SimpleNamespace(
-        model_config=SimpleNamespace(hf_config=hf),
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
-        cache_config=SimpleNamespace(mamba_cache_mode=cache_mode),
-        num_speculative_tokens=spec_tokens,
+        model_config=SimpleNamespace(hf_config=c),  # the extra fields are not read from there
+        parallel_config=SimpleNamespace(tensor_parallel_size=c.tensor_parallel_size),
+        cache_config=SimpleNamespace(mamba_cache_mode=c.mamba_cache_mode),
+        num_speculative_tokens=c.num_speculative_tokens,
     )
-    mamba = "M" in pattern
+    heads, groups, tp = c.mamba_num_heads, c.n_groups, c.tensor_parallel_size
+    mamba = "M" in c.hybrid_override_pattern
     out_of_range = {
         field
         for field, fine in [
-            ("hybrid_override_pattern", set(pattern) <= set("M*-E")),
+            ("hybrid_override_pattern", set(c.hybrid_override_pattern) <= set("M*-E")),
             ("n_groups", not mamba or (groups > 0 and heads % groups == 0)),
             ("n_groups", not mamba or groups <= 0 or groups == 1 or groups % tp == 0),
-            ("mamba_head_dim", not mamba or 32 <= head_dim <= 128),
-            ("ssm_state_size", not mamba or 16 <= d_state <= 256),
-            ("conv_kernel", not mamba or 2 <= conv <= 4),
+            ("mamba_head_dim", not mamba or 32 <= c.mamba_head_dim <= 128),
+            ("ssm_state_size", not mamba or 16 <= c.ssm_state_size <= 256),
+            ("conv_kernel", not mamba or 2 <= c.conv_kernel <= 4),
             ("mamba_num_heads", not mamba or heads % tp == 0),
-            ("mamba_cache_mode", cache_mode != "all"),
-            ("num_speculative_tokens", spec_tokens == 0),
+            ("mamba_cache_mode", c.mamba_cache_mode != "all"),
+            ("num_speculative_tokens", c.num_speculative_tokens == 0),
         ]
         if not fine
     }
@@ -327,7 +304,9 @@ def check_model_config(
     validate(vllm_config)
     equal("config")
     if mamba:
-        run_mixer_kernels_at_rank_shapes(heads, groups, head_dim, d_state, conv, tp)
+        run_mixer_kernels_at_rank_shapes(
+            heads, groups, c.mamba_head_dim, c.ssm_state_size, c.conv_kernel, tp
+        )
 
 
 def run_mixer_kernels_at_rank_shapes(heads, groups, head_dim, d_state, conv, tp) -> None:
