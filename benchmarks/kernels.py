@@ -3,7 +3,8 @@
 Times CUDA-graph replays (median) of L launches over L rotating input sets (together larger
 than L2), counts the bytes each kernel must move and reports the fraction of the measured
 copy roofline. Writes benchmarks/results/kernels-<gpu>.json (+ .png) and, with --tune, the
-selective_state_update launch-config sweep (ssu-tuning-<gpu>.json).
+launch-config sweep of the state update and the conv update (kernel-tuning-<gpu>.json)
+instead of the comparison.
 
     python benchmarks/kernels.py [--tune] [--quick]
 """
@@ -164,7 +165,7 @@ def vllm_conv(t):
     return lambda: v(t["x"], t["state"], t["w"], t["b"], "silu", conv_state_indices=slots)
 
 
-def ours_conv(t):
+def ours_conv(t, config=None):
     return lambda: causal_conv1d_update(
         t["x"],
         t["state"],
@@ -174,6 +175,7 @@ def ours_conv(t):
         state_slots=t["slots"],
         null_slot=0,
         out=t["out"],
+        config=config,
     )
 
 
@@ -200,40 +202,56 @@ def ours_norm(t, sh, gate: bool):
     return lambda: group_rms_norm(t["x"], t["w"], gs, 1e-5, z=t["z"] if gate else None)
 
 
-def tune_ssu(models, quick: bool) -> dict:
-    """Sweep (BLOCK_M, num_warps) for our kernel per shape, state dtype and batch."""
-    rows = []
-    for model, sdt, batch in itertools.product(models, (torch.float32, torch.bfloat16), BATCHES):
+def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) -> None:
+    """Times every config, appends one row per config and prints the winner."""
+    timed = []
+    for cfg in configs:
+        us = time_rotating(lambda: make_call(cfg), nbytes)
+        rows.append(dict(key, config=list(cfg), us=us))
+        timed.append((us, cfg))
+    us, cfg = min(timed)
+    print(f"tune {label} best {cfg} {us:8.2f}us", flush=True)
+
+
+def tune(models, quick: bool) -> list:
+    """Sweeps the launch configs of the state update (BLOCK_M, num_warps) and of the conv
+    update (BLOCK_D, num_warps) per shape, state dtype and batch."""
+    rows: list = []
+    warps = (2, 4) if quick else (1, 2, 4)
+    for model in models:
         sh = shape_of(model)
-        nbytes = ssu_bytes(sh, batch, sdt, True)
-        best = None
-        for bm, w in itertools.product((4, 8, 16, 32), (1, 2, 4, 8)):
-            if bm > triton.next_power_of_2(sh["head_dim"]) or (quick and w == 1):
-                continue
-            us = time_rotating(lambda: ours_ssu(ssu_inputs(sh, batch, sdt), (bm, w)), nbytes)
-            rows.append(
-                dict(
-                    model=model,
-                    state_dtype=str(sdt)[6:],
-                    batch=batch,
-                    block_m=bm,
-                    num_warps=w,
-                    us=us,
-                )
+        group_rows = sh["heads"] // sh["groups"] * sh["head_dim"]
+        ssu_cfgs = [(bm, w) for bm in (4, 8, 16, 32, 64) for w in warps if group_rows % bm == 0]
+        for sdt, batch in itertools.product((torch.float32, torch.bfloat16), BATCHES):
+            best_config(
+                f"selective_state_update {model:12s} {str(sdt)[6:]:9s} B={batch:4d}",
+                ssu_cfgs,
+                lambda cfg: ours_ssu(ssu_inputs(sh, batch, sdt), cfg),
+                ssu_bytes(sh, batch, sdt, True),
+                rows,
+                kernel="selective_state_update",
+                model=model,
+                state_dtype=str(sdt)[6:],
+                batch=batch,
             )
-            if best is None or us < best[0]:
-                best = (us, bm, w)
-        print(
-            f"tune {model:12s} {str(sdt)[6:]:9s} B={batch:4d} best BLOCK_M={best[1]} "
-            f"warps={best[2]} {best[0]:8.2f}us",
-            flush=True,
-        )
+        conv_cfgs = [(bd, w) for bd in (128, 256, 512, 1024) for w in warps]
+        for batch in BATCHES:
+            best_config(
+                f"causal_conv1d_update   {model:12s} B={batch:4d}",
+                conv_cfgs,
+                lambda cfg: ours_conv(conv_inputs(sh, batch), cfg),
+                conv_bytes(sh, batch),
+                rows,
+                kernel="causal_conv1d_update",
+                model=model,
+                batch=batch,
+            )
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--tune", action="store_true", help="sweep launch configs only")
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
     args = ap.parse_args()
@@ -244,8 +262,9 @@ def main() -> None:
     roof = copy_roofline()
     print(f"{gpu}: copy roofline {roof / 1e9:.0f} GB/s", flush=True)
     if args.tune:
-        rows = tune_ssu(models, args.quick)
-        (RESULTS / f"ssu-tuning-{tag}.json").write_text(json.dumps(rows, indent=1))
+        rows = tune(models, args.quick)
+        (RESULTS / f"kernel-tuning-{tag}.json").write_text(json.dumps(rows, indent=1))
+        return  # the comparison runs in its own invocation, with the tuned tables in place
 
     import vllm
 

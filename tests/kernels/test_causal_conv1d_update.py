@@ -47,6 +47,20 @@ def test_matches_reference(device, width, state_dim_first):
             assert torch.equal(t["conv_state"][0], before[0])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_d", [128, 256, 512, 1024])
+def test_every_block_size(device, block_d):
+    dim = 300 if device == "cpu" else 10240
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    t = make(device, 3, dim, 4, dtype, False, True)
+    s_ref = t["conv_state"].clone()
+    ref = causal_conv1d_update_ref(**{**t, "conv_state": s_ref}, null_slot=0)
+    out = poisoned(ref)
+    causal_conv1d_update(**t, null_slot=0, out=out, config=(block_d, 4))
+    assert rel_err(out, ref) < TOL[dtype]
+    assert torch.equal(t["conv_state"], s_ref), "state shift must be exact"
+
+
 def test_bad_arguments_raise():
     t = make("cpu", 2, 16, 4, torch.float32, True, True)
     with pytest.raises(ValueError, match="conv width"):

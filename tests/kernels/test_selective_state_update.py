@@ -50,13 +50,13 @@ def make_inputs(
     )
 
 
-def check(device, shape, batch, state_dtype, act, gate, noncontig):
+def check(device, shape, batch, state_dtype, act, gate, noncontig, config=None):
     t = make_inputs(device, batch, *shape, state_dtype, act, gate, noncontig)
     s_ref = t["state"].clone()
     ref = selective_state_update_ref(**{**t, "state": s_ref}, null_slot=0)
     out = poisoned(ref)
     before = t["state"].clone()
-    selective_state_update(**t, null_slot=0, out=out)
+    selective_state_update(**t, null_slot=0, out=out, config=config)
     tol = TOL[act] if state_dtype == torch.float32 else max(TOL[act], TOL[state_dtype])
     assert rel_err(out, ref) < tol
     assert rel_err(t["state"], s_ref) < max(tol, TOL[state_dtype])
@@ -82,6 +82,24 @@ def test_matches_reference(device, state_dtype, gate):
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
 def test_activation_dtypes(device, act):
     check(device, (4, 80, 16, 2), 2, torch.float32, act, gate=True, noncontig=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_m", [4, 8, 16, 32, 64])
+def test_every_tile_size(device, block_m):
+    """Tiles that span several heads (head_dim 80 with 32 rows) or a whole group."""
+    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    for nheads, head_dim, d_state, ngroups in shapes:
+        if nheads // ngroups * head_dim % block_m == 0:
+            shape = (nheads, head_dim, d_state, ngroups)
+            check(device, shape, 5, torch.float32, act, True, True, config=(block_m, 2))
+
+
+def test_tile_spanning_two_groups_raises():
+    t = make_inputs("cpu", 2, 4, 80, 16, 2, torch.float32, torch.float32, True, False)
+    with pytest.raises(ValueError, match="BLOCK_M=64 must divide"):
+        selective_state_update(**t, null_slot=0, config=(64, 1))
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,16 @@ from vllm_nemotron_h.kernels._common import (
 
 ACTIVATIONS = (None, "silu", "swish")
 
+# (max batch*dim, BLOCK_D, num_warps): the best of benchmarks/kernels.py --tune on the H100
+# over the three real shapes (benchmarks/results/kernel-tuning-h100.json).
+_BIG = 1 << 62
+TUNED_CONFIGS: list[tuple[int, int, int]] = [(196608, 128, 4), (786432, 512, 4), (_BIG, 256, 2)]
+
+
+def launch_config(batch_dim: int) -> tuple[int, int]:
+    """(BLOCK_D, num_warps) for one launch over ``batch_dim`` = batch x channels."""
+    return next((bd, w) for max_bd, bd, w in TUNED_CONFIGS if batch_dim <= max_bd)
+
 
 @triton.jit
 def _causal_conv1d_update_kernel(
@@ -146,8 +156,10 @@ def causal_conv1d_update(
     state_slots: torch.Tensor | None = None,
     null_slot: int = -1,
     out: torch.Tensor | None = None,
+    config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """Convolves one new token per sequence and rolls ``conv_state`` in place."""
+    """Convolves one new token per sequence and rolls ``conv_state`` in place.
+    ``config`` = (BLOCK_D, num_warps) overrides the tuned launch configuration."""
     check_tensor("x", x, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
     batch, dim = x.shape
     dev = x.device
@@ -170,7 +182,7 @@ def causal_conv1d_update(
         )
     if batch == 0:
         return out
-    block_d = 256 if dim >= 256 * 64 else 128
+    block_d, num_warps = config or launch_config(batch * dim)
     grid = (batch, triton.cdiv(dim, block_d))
     _causal_conv1d_update_kernel[grid](
         x,
@@ -193,6 +205,6 @@ def causal_conv1d_update(
         HAS_SLOTS=state_slots is not None,
         SILU=activation is not None,
         BLOCK_D=block_d,
-        num_warps=4,
+        num_warps=num_warps,
     )
     return out

@@ -21,8 +21,10 @@ Shapes and dtypes:
     state_slots (batch,)                                int64
 Supported: d_state 16..256, head_dim 32..128 (80 included), ngroups dividing nheads.
 
-One Triton program owns BLOCK_M rows of one head of one sequence: it reads its state tile
-once and writes it once, so the kernel moves the minimum number of bytes.
+One Triton program owns BLOCK_M consecutive rows of the (head, row) plane of one sequence:
+a block may span several heads (head_dim 80 takes 32- or 64-row tiles without masked rows)
+but never two groups, so B and C are loaded once per program. Each program reads its state
+tile once and writes it once: the kernel moves the minimum number of bytes.
 """
 
 from __future__ import annotations
@@ -41,36 +43,42 @@ from vllm_nemotron_h.kernels._common import (
 )
 
 # (head_dim, d_state, state bytes) -> list of (max batch*nheads, BLOCK_M, num_warps): the best
-# of the sweep in benchmarks/kernels.py --tune on the H100 (benchmarks/results/ssu-tuning-h100.log,
-# benchmarks/NOTES.md). Tuned on copies of the state: tuning on the live state would advance it.
-# Shapes not listed use _default_config.
+# of the sweep in benchmarks/kernels.py --tune on the H100 over the three real shapes
+# (benchmarks/results/kernel-tuning-h100.json, benchmarks/NOTES.md). Tuned on copies of the
+# state: tuning on the live state would advance it. Shapes not listed use _default_config.
 _BIG = 1 << 62
 TUNED_CONFIGS: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {
-    (64, 128, 4): [(1024, 8, 1), (8192, 32, 1), (_BIG, 16, 1)],
-    (64, 128, 2): [(1024, 4, 1), (_BIG, 32, 2)],
-    (80, 128, 4): [(1024, 8, 1), (_BIG, 16, 2)],
-    (80, 128, 2): [(1024, 4, 1), (_BIG, 16, 2)],
+    (64, 128, 4): [(64, 4, 1), (2048, 32, 1), (4096, 8, 1), (8192, 64, 2), (_BIG, 16, 4)],
+    (64, 128, 2): [(128, 4, 1), (512, 32, 1), (2048, 16, 1), (8192, 32, 1), (_BIG, 64, 2)],
+    (80, 128, 4): [(128, 32, 1), (1024, 4, 1), (8192, 16, 2), (16384, 16, 4), (_BIG, 32, 4)],
+    (80, 128, 2): [(1024, 32, 1), (8192, 16, 1), (_BIG, 64, 2)],
 }
 
 
-def _default_config(head_dim: int, d_state: int, state_bytes: int) -> tuple[int, int]:
+def _largest_tile(block_m: int, group_rows: int) -> int:
+    # A tile never spans two groups: the largest power of two <= block_m dividing group_rows.
+    while group_rows % block_m:
+        block_m //= 2
+    return block_m
+
+
+def _default_config(d_state: int, state_bytes: int) -> tuple[int, int]:
     # Aim for about 8 KB of state per program: enough bytes in flight per SM, enough programs.
     block_n = triton.next_power_of_2(d_state)
-    block_m = max(4, min(64, 8192 // (block_n * state_bytes)))
-    while head_dim % block_m and block_m > 4:
-        block_m //= 2  # head_dim 80: prefer tiles that divide the head (16, not 32)
-    return block_m, 4
+    return max(4, min(64, 8192 // (block_n * state_bytes))), 4
 
 
 def launch_config(
-    head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int
+    head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int, group_rows: int
 ) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) for one launch."""
+    """(BLOCK_M, num_warps) for one launch; ``group_rows`` = heads per group x head_dim."""
     state_bytes = torch.empty((), dtype=state_dtype).element_size()
-    for max_bh, block_m, warps in TUNED_CONFIGS.get((head_dim, d_state, state_bytes), []):
+    block_m, warps = _default_config(d_state, state_bytes)
+    for max_bh, tuned_m, tuned_warps in TUNED_CONFIGS.get((head_dim, d_state, state_bytes), []):
         if batch_heads <= max_bh:
-            return block_m, warps
-    return _default_config(head_dim, d_state, state_bytes)
+            block_m, warps = tuned_m, tuned_warps
+            break
+    return _largest_tile(block_m, group_rows), warps
 
 
 @triton.jit
@@ -87,9 +95,8 @@ def _selective_state_update_kernel(
     out_ptr,
     slots_ptr,
     null_slot,
-    head_dim,
     d_state,
-    heads_per_group,
+    group_rows,
     s_slot,
     s_head,
     s_dim,
@@ -110,51 +117,53 @@ def _selective_state_update_kernel(
     o_b,
     o_h,
     o_d,
+    HEAD_DIM: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    first_row = tl.program_id(0) * BLOCK_M
     b = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
-    g = h // heads_per_group
+    g = first_row // group_rows  # BLOCK_M divides group_rows: one group per program
 
     if HAS_SLOTS:
         slot = tl.load(slots_ptr + b)
     else:
         slot = b
 
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = first_row + tl.arange(0, BLOCK_M)
+    h = (rows // HEAD_DIM).to(tl.int64)
+    p = rows % HEAD_DIM
     cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < head_dim
     col_ok = cols < d_state
     # Per-row copy of the slot test (a scalar mask breaks the Triton interpreter).
     live = (rows * 0 + slot) != null_slot
-    tile_ok = (row_ok & live)[:, None] & col_ok[None, :]
+    tile_ok = live[:, None] & col_ok[None, :]
 
     # Issue every load before the arithmetic that needs it.
-    state_ptrs = state_ptr + slot * s_slot + h * s_head + rows[:, None] * s_dim + cols[None, :]
+    row_offsets = h * s_head + p * s_dim
+    state_ptrs = state_ptr + slot * s_slot + row_offsets[:, None] + cols[None, :]
     s = tl.load(state_ptrs, mask=tile_ok, other=0.0)
-    x = tl.load(x_ptr + b * x_b + h * x_h + rows * x_d, mask=row_ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
     Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
     if HAS_Z:
-        z = tl.load(z_ptr + b * z_b + h * z_h + rows * z_d, mask=row_ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
     dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
     A = tl.load(A_ptr + h)
     D = tl.load(D_ptr + h)
 
     dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)  # softplus
     decay = tl.exp(A * dt)
-    s = s.to(tl.float32) * decay + (dt * x)[:, None] * Bv[None, :]
+    s = s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]
     tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
 
     y = tl.sum(s * Cv[None, :], axis=1) + D * x
     if HAS_Z:
         y = y * z * tl.sigmoid(z)
     y = tl.where(live, y, 0.0)
-    tl.store(out_ptr + b * o_b + h * o_h + rows * o_d, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+    tl.store(out_ptr + b * o_b + h * o_h + p * o_d, y.to(out_ptr.dtype.element_ty))
 
 
 def selective_state_update_ref(
@@ -246,9 +255,16 @@ def selective_state_update(
     if batch == 0:
         return out
     d_state = state.shape[-1]
-    block_m, num_warps = config or launch_config(head_dim, d_state, state.dtype, batch * nheads)
+    group_rows = nheads // B.shape[1] * head_dim
+    block_m, num_warps = config or launch_config(
+        head_dim, d_state, state.dtype, batch * nheads, group_rows
+    )
+    if group_rows % block_m:
+        raise ValueError(
+            f"config BLOCK_M={block_m} must divide heads per group x head_dim = {group_rows}"
+        )
     zz = z if z is not None else x
-    grid = (triton.cdiv(head_dim, block_m), batch, nheads)
+    grid = (nheads * head_dim // block_m, batch)
     _selective_state_update_kernel[grid](
         state,
         x,
@@ -262,9 +278,8 @@ def selective_state_update(
         out,
         state_slots if state_slots is not None else x,
         null_slot,
-        head_dim,
         d_state,
-        nheads // B.shape[1],
+        group_rows,
         state.stride(0),
         state.stride(1),
         state.stride(2),
@@ -285,6 +300,7 @@ def selective_state_update(
         out.stride(0),
         out.stride(1),
         out.stride(2),
+        HEAD_DIM=head_dim,
         HAS_Z=z is not None,
         HAS_SLOTS=state_slots is not None,
         BLOCK_M=block_m,
