@@ -182,19 +182,21 @@ def main() -> None:
         batch=args.batch,
         decode_steps=args.decode_steps,
     )
-    # the engine in the child's own process: the profiler sees only that process
-    res = {
-        impl: run_impl(__file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        for impl in args.impls.split(",")
-    }
+    res: dict[str, dict] = {}
+    for impl in args.impls.split(","):
+        # the engine in the child's own process: the profiler sees only that process
+        res[impl] = run_impl(__file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        device = res[impl]["device"]
+        tag = "cpu" if device == "cpu" else device.split()[1].lower()  # "NVIDIA H100" -> h100
+        path = RESULTS / f"step-profile-{args.model}-{args.state_dtype}-b{args.batch}-{tag}.json"
+        meta = dict(
+            vars(args), prompt_len=PROMPT_LEN, date=time.strftime("%Y-%m-%d"), device=device
+        )
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        # written after each implementation: a time limit that cuts the second keeps the first
+        path.write_text(json.dumps(dict(meta=meta, **res), indent=1))
+        print(f"wrote {path} ({', '.join(res)})", flush=True)
     print_table(res)
-    device = next(iter(res.values()))["device"]
-    tag = "cpu" if device == "cpu" else device.split()[1].lower()  # "NVIDIA H100 ..." -> h100
-    path = RESULTS / f"step-profile-{args.model}-{args.state_dtype}-b{args.batch}-{tag}.json"
-    meta = dict(vars(args), prompt_len=PROMPT_LEN, date=time.strftime("%Y-%m-%d"), device=device)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(meta=meta, **res), indent=1))
-    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":
