@@ -81,7 +81,7 @@ def ssu_inputs(sh: dict, batch: int, state_dtype, act=torch.bfloat16, gate: bool
 
 def ssu_bytes(sh: dict, batch: int, state_dtype, gate: bool, act_bytes: int = 2) -> int:
     H, P, N, G = sh["heads"], sh["head_dim"], sh["d_state"], sh["groups"]
-    sb = torch.empty((), dtype=state_dtype).element_size()
+    sb = state_dtype.itemsize
     return batch * (
         2 * H * P * N * sb
         + (3 if gate else 2) * H * P * act_bytes

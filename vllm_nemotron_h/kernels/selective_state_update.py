@@ -72,7 +72,7 @@ def launch_config(
     head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int, group_rows: int
 ) -> tuple[int, int]:
     """(BLOCK_M, num_warps) for one launch; ``group_rows`` = heads per group x head_dim."""
-    state_bytes = torch.empty((), dtype=state_dtype).element_size()
+    state_bytes = state_dtype.itemsize
     block_m, warps = _default_config(d_state, state_bytes)
     for max_bh, tuned_m, tuned_warps in TUNED_CONFIGS.get((head_dim, d_state, state_bytes), []):
         if batch_heads <= max_bh:
