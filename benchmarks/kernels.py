@@ -6,7 +6,8 @@ copy roofline. Writes benchmarks/results/kernels-<gpu>.json (+ .png) and, with -
 launch-config sweep of the state update and the conv update (kernel-tuning-<gpu>.json)
 instead of the comparison.
 
-    python benchmarks/kernels.py [--tune] [--quick]
+    python benchmarks/kernels.py [--tune [--quick]]
+    python benchmarks/kernels.py --tables benchmarks/results/kernel-tuning-h100.json
 """
 
 from __future__ import annotations
@@ -249,12 +250,53 @@ def tune(models, quick: bool) -> list:
     return rows
 
 
+def tuned_tables(rows: list) -> dict:
+    """The TUNED_CONFIGS tables of the two kernels from a --tune sweep: at each measured point
+    (batch x heads for the state update, batch x channels for the conv update) the config with
+    the smallest mean time relative to the point's best (shapes that share a key and a point
+    are averaged); a config applies up to its point, consecutive equal ones merged, the last
+    one open-ended (1 << 62, the tables' _BIG)."""
+    points: dict = {}
+    for r in rows:
+        sh = shape_of(r["model"])
+        if r["kernel"] == "selective_state_update":
+            state_bytes = 4 if r["state_dtype"] == "float32" else 2
+            key = (sh["head_dim"], sh["d_state"], state_bytes)
+            point = r["batch"] * sh["heads"]
+        else:
+            key, point = "causal_conv1d_update", r["batch"] * sh["conv_dim"]
+        cell = points.setdefault(key, {}).setdefault(point, {}).setdefault(r["model"], {})
+        cell[tuple(r["config"])] = r["us"]
+    tables = {}
+    for key, by_point in points.items():
+        table: list = []
+        for point in sorted(by_point):
+            runs = by_point[point].values()  # one {config: us} per shape measured here
+            common = set.intersection(*(set(run) for run in runs))
+            best = min(
+                common, key=lambda c: sum(run[c] / min(run.values()) for run in runs) / len(runs)
+            )
+            if table and table[-1][1:] == best:
+                table.pop()
+            table.append((point, *best))
+        table[-1] = (1 << 62, *table[-1][1:])
+        tables[key] = table
+    return tables
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tune", action="store_true", help="sweep launch configs only")
-    ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
+    ap.add_argument("--quick", action="store_true", help="tune with 2 and 4 warps only")
+    ap.add_argument(
+        "--tables", type=Path, help="print the TUNED_CONFIGS tables of a --tune JSON and exit"
+    )
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
     args = ap.parse_args()
+    if args.tables:
+        for key, table in tuned_tables(json.loads(args.tables.read_text())).items():
+            print(f"{key}: {table}".replace(str(1 << 62), "_BIG"))
+        return
     models = args.models.split(",")
     gpu = torch.cuda.get_device_name().replace(" ", "_")
     tag = "h100" if "H100" in gpu else gpu.lower()

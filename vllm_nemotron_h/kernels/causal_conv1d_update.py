@@ -34,9 +34,16 @@ from vllm_nemotron_h.kernels._common import (
 ACTIVATIONS = (None, "silu", "swish")
 
 # (max batch*dim, BLOCK_D, num_warps): the best of benchmarks/kernels.py --tune on the H100
-# over the three real shapes (benchmarks/results/kernel-tuning-h100.json).
+# over the three real shapes (benchmarks/results/kernel-tuning-h100.json), as
+# `kernels.py --tables` derives it from that sweep.
 _BIG = 1 << 62
-TUNED_CONFIGS: list[tuple[int, int, int]] = [(196608, 128, 4), (786432, 512, 4), (_BIG, 256, 2)]
+TUNED_CONFIGS: list[tuple[int, int, int]] = [
+    (196608, 128, 4),
+    (327680, 512, 4),
+    (393216, 256, 4),
+    (786432, 512, 4),
+    (_BIG, 256, 2),
+]
 
 
 def launch_config(batch_dim: int) -> tuple[int, int]:

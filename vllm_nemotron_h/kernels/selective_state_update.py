@@ -44,8 +44,9 @@ from vllm_nemotron_h.kernels._common import (
 
 # (head_dim, d_state, state bytes) -> list of (max batch*nheads, BLOCK_M, num_warps): the best
 # of the sweep in benchmarks/kernels.py --tune on the H100 over the three real shapes
-# (benchmarks/results/kernel-tuning-h100.json, benchmarks/NOTES.md). Tuned on copies of the
-# state: tuning on the live state would advance it. Shapes not listed use _default_config.
+# (benchmarks/results/kernel-tuning-h100.json, benchmarks/NOTES.md), as `kernels.py --tables`
+# derives it from that sweep. Tuned on copies of the state: tuning on the live state would
+# advance it. Shapes not listed use _default_config.
 _BIG = 1 << 62
 TUNED_CONFIGS: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {
     (64, 128, 4): [(64, 4, 1), (2048, 32, 1), (4096, 8, 1), (8192, 64, 2), (_BIG, 16, 4)],
