@@ -29,6 +29,8 @@ tile once and writes it once: the kernel moves the minimum number of bytes.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -69,6 +71,8 @@ def _default_config(d_state: int, state_bytes: int) -> tuple[int, int]:
     return max(4, min(64, 8192 // (block_n * state_bytes))), 4
 
 
+# Cached: eager and mixed prefill/decode steps call it per Mamba layer (CUDA graphs do not).
+@functools.cache
 def launch_config(
     head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int, group_rows: int
 ) -> tuple[int, int]:
