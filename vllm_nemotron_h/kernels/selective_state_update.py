@@ -250,24 +250,24 @@ def selective_state_update(
     """Advances ``state`` by one token in place and returns ``out`` (see module doc).
     ``config`` = (BLOCK_M, num_warps) overrides the tuned launch configuration."""
     _check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out)
+    batch, nheads, head_dim = x.shape
+    group_rows = nheads // B.shape[1] * head_dim
+    if config is not None and group_rows % config[0]:
+        raise ValueError(
+            f"config BLOCK_M={config[0]} must divide heads per group x head_dim = {group_rows}"
+        )
     if out is None:
         out = torch.empty_like(x)
     if not use_triton(x):
         return selective_state_update_ref(
             state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out
         )
-    batch, nheads, head_dim = x.shape
     if batch == 0:
         return out
     d_state = state.shape[-1]
-    group_rows = nheads // B.shape[1] * head_dim
     block_m, num_warps = config or launch_config(
         head_dim, d_state, state.dtype, batch * nheads, group_rows
     )
-    if group_rows % block_m:
-        raise ValueError(
-            f"config BLOCK_M={block_m} must divide heads per group x head_dim = {group_rows}"
-        )
     zz = z if z is not None else x
     grid = (nheads * head_dim // block_m, batch)
     _selective_state_update_kernel[grid](
