@@ -3,10 +3,10 @@
 Times CUDA-graph replays (median) of L launches over L rotating input sets (together larger
 than L2), counts the bytes each kernel must move and reports the fraction of the measured
 copy roofline. Writes benchmarks/results/kernels-<gpu>.json (+ .png) and, with --tune, the
-launch-config sweep of the state update and the conv update (kernel-tuning-<gpu>.json)
-instead of the comparison.
+launch-config sweep of the state update, the conv update and the fused decode tail
+(kernel-tuning-<gpu>.json, or a file of --tune-out) instead of the comparison.
 
-    python benchmarks/kernels.py [--tune [--quick]]
+    python benchmarks/kernels.py [--models M,..] [--tune [KERNEL,..] [--quick]]
     python benchmarks/kernels.py --tables benchmarks/results/kernel-tuning-h100.json
 """
 
@@ -24,7 +24,13 @@ import torch
 import triton
 
 from vllm_nemotron_h.checkpoints import REAL_SHAPES
-from vllm_nemotron_h.kernels import causal_conv1d_update, group_rms_norm, selective_state_update
+from vllm_nemotron_h.kernels import (
+    DecodeWorkspace,
+    causal_conv1d_update,
+    group_rms_norm,
+    mamba2_decode,
+    selective_state_update,
+)
 
 RESULTS = Path(__file__).parent / "results"
 BATCHES = (1, 8, 32, 64, 128, 256)
@@ -203,6 +209,59 @@ def ours_norm(t, sh, gate: bool):
     return lambda: group_rms_norm(t["x"], t["w"], gs, 1e-5, z=t["z"] if gate else None)
 
 
+def fused_inputs(sh: dict, batch: int, state_dtype, act=torch.bfloat16):
+    """The decode tail's inputs as the engine passes them: xbc, z and dt are strided views of
+    one projection row; vLLM's conv-state layout."""
+    H, P, N = sh["heads"], sh["head_dim"], sh["d_state"]
+    inner, conv_dim, dev = H * P, sh["conv_dim"], "cuda"
+    proj = torch.randn(batch, inner + conv_dim + H, device=dev, dtype=act)
+    c = conv_inputs(sh, batch, act)
+    return dict(
+        xbc=proj[:, inner : inner + conv_dim],
+        dt=proj[:, inner + conv_dim :],
+        z=proj[:, :inner],
+        conv_state=c["state"],
+        conv_weight=c["w"],
+        conv_bias=c["b"],
+        ssm_state=torch.randn(batch + 1, H, P, N, device=dev).to(state_dtype),
+        A=-torch.rand(H, device=dev) - 0.5,
+        D=torch.randn(H, device=dev),
+        dt_bias=torch.randn(H, device=dev) * 0.1,
+        norm_weight=torch.randn(inner, device=dev, dtype=act),
+        state_slots=c["slots"],
+        out=torch.empty(batch, inner, device=dev, dtype=act),
+        workspace=DecodeWorkspace.allocate(batch, H, P, dev),
+    )
+
+
+def fused_bytes(sh: dict, batch: int, state_dtype, act_bytes: int = 2) -> int:
+    """What the fused tail must move: both states read and written, xbc, z, dt read, out
+    written, the conv weights (intermediates stay on chip)."""
+    H, P, N, D = sh["heads"], sh["head_dim"], sh["d_state"], sh["conv_dim"]
+    return (
+        batch
+        * (
+            2 * H * P * N * state_dtype.itemsize
+            + D * (2 * 3 + 1) * act_bytes
+            + 2 * H * P * act_bytes
+            + H * act_bytes
+        )
+        + D * 5 * act_bytes
+    )
+
+
+def ours_fused(t, sh, norm: bool, config=None):
+    """The fused kernel; without ``norm`` it leaves the group norm to its own kernel."""
+    gs = sh["heads"] * sh["head_dim"] // sh["groups"]
+    call = dict(t, norm_weight=t["norm_weight"] if norm else None, config=config)
+    if norm:
+        return lambda: mamba2_decode(**call, null_slot=0)
+    return lambda: (
+        mamba2_decode(**call, null_slot=0),
+        group_rms_norm(t["out"], t["norm_weight"], gs, 1e-5, out=t["out"]),
+    )
+
+
 def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) -> None:
     """Times every config, appends one row per config and prints the winner."""
     timed = []
@@ -214,27 +273,46 @@ def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) 
     print(f"tune {label} best {cfg} {us:8.2f}us", flush=True)
 
 
-def tune(models, quick: bool) -> list:
-    """Sweeps the launch configs of the state update (BLOCK_M, num_warps) and of the conv
-    update (BLOCK_D, num_warps) per shape, state dtype and batch."""
+TUNABLE = ("selective_state_update", "causal_conv1d_update", "mamba2_decode")
+
+
+def tune(models, quick: bool, kernels=TUNABLE) -> list:
+    """Sweeps the launch configs of the state update and the fused decode tail (BLOCK_M,
+    num_warps) and of the conv update (BLOCK_D, num_warps) per shape, state dtype and batch."""
     rows: list = []
     warps = (2, 4) if quick else (1, 2, 4)
     for model in models:
         sh = shape_of(model)
         group_rows = sh["heads"] // sh["groups"] * sh["head_dim"]
         ssu_cfgs = [(bm, w) for bm in (4, 8, 16, 32, 64) for w in warps if group_rows % bm == 0]
-        for sdt, batch in itertools.product((torch.float32, torch.bfloat16), BATCHES):
+        for kernel, sdt, batch in itertools.product(
+            ("selective_state_update", "mamba2_decode"), (torch.float32, torch.bfloat16), BATCHES
+        ):
+            if kernel not in kernels:
+                continue
+            if kernel == "selective_state_update":
+                call, nbytes = (
+                    lambda cfg: ours_ssu(ssu_inputs(sh, batch, sdt), cfg),
+                    ssu_bytes(sh, batch, sdt, True),
+                )
+            else:
+                call, nbytes = (
+                    lambda cfg: ours_fused(fused_inputs(sh, batch, sdt), sh, True, cfg),
+                    fused_bytes(sh, batch, sdt),
+                )
             best_config(
-                f"selective_state_update {model:12s} {str(sdt)[6:]:9s} B={batch:4d}",
+                f"{kernel:22s} {model:12s} {str(sdt)[6:]:9s} B={batch:4d}",
                 ssu_cfgs,
-                lambda cfg: ours_ssu(ssu_inputs(sh, batch, sdt), cfg),
-                ssu_bytes(sh, batch, sdt, True),
+                call,
+                nbytes,
                 rows,
-                kernel="selective_state_update",
+                kernel=kernel,
                 model=model,
                 state_dtype=str(sdt)[6:],
                 batch=batch,
             )
+        if "causal_conv1d_update" not in kernels:
+            continue
         conv_cfgs = [(bd, w) for bd in (128, 256, 512, 1024) for w in warps]
         for batch in BATCHES:
             best_config(
@@ -251,7 +329,7 @@ def tune(models, quick: bool) -> list:
 
 
 def tuned_tables(rows: list) -> dict:
-    """The TUNED_CONFIGS tables of the two kernels from a --tune sweep: at each measured point
+    """The TUNED_CONFIGS tables of the swept kernels from a --tune sweep: at each measured point
     (batch x heads for the state update, batch x channels for the conv update) the config with
     the smallest mean time relative to the point's best (shapes that share a key and a point
     are averaged); a config applies up to its point, consecutive equal ones merged, the last
@@ -259,9 +337,9 @@ def tuned_tables(rows: list) -> dict:
     points: dict = {}
     for r in rows:
         sh = shape_of(r["model"])
-        if r["kernel"] == "selective_state_update":
+        if r["kernel"] in ("selective_state_update", "mamba2_decode"):
             state_bytes = 4 if r["state_dtype"] == "float32" else 2
-            key = (sh["head_dim"], sh["d_state"], state_bytes)
+            key = (r["kernel"], sh["head_dim"], sh["d_state"], state_bytes)
             point = r["batch"] * sh["heads"]
         else:
             key, point = "causal_conv1d_update", r["batch"] * sh["conv_dim"]
@@ -286,7 +364,13 @@ def tuned_tables(rows: list) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tune", action="store_true", help="sweep launch configs only")
+    ap.add_argument(
+        "--tune",
+        nargs="?",
+        const=",".join(TUNABLE),
+        help=f"sweep launch configs only, of these kernels (default all: {','.join(TUNABLE)})",
+    )
+    ap.add_argument("--tune-out", type=Path, help="sweep JSON (default kernel-tuning-<gpu>)")
     ap.add_argument("--quick", action="store_true", help="tune with 2 and 4 warps only")
     ap.add_argument(
         "--tables", type=Path, help="print the TUNED_CONFIGS tables of a --tune JSON and exit"
@@ -304,8 +388,9 @@ def main() -> None:
     roof = copy_roofline()
     print(f"{gpu}: copy roofline {roof / 1e9:.0f} GB/s", flush=True)
     if args.tune:
-        rows = tune(models, args.quick)
-        (RESULTS / f"kernel-tuning-{tag}.json").write_text(json.dumps(rows, indent=1))
+        rows = tune(models, args.quick, args.tune.split(","))
+        out = args.tune_out or RESULTS / f"kernel-tuning-{tag}.json"
+        out.write_text(json.dumps(rows, indent=1))
         return  # the comparison runs in its own invocation, with the tuned tables in place
 
     import vllm
@@ -371,6 +456,7 @@ def main() -> None:
             )
         # The decode tail of one Mamba layer: conv -> state update -> norm.
         for sdt, batch in itertools.product((torch.float32, torch.bfloat16), BATCHES):
+            name = str(sdt)[6:]
 
             def tail(ours: bool):
                 c, s, n = (
@@ -395,16 +481,23 @@ def main() -> None:
                 + ssu_bytes(sh, batch, sdt, False)
                 + norm_bytes(sh, batch, True)
             )
+            vllm_us = time_rotating(lambda: tail(False), nb_v)
             record(
                 "decode_tail",
                 model,
-                str(sdt)[6:],
+                name,
                 batch,
                 time_rotating(lambda: tail(True), nb_o),
-                time_rotating(lambda: tail(False), nb_v),
+                vllm_us,
                 nb_o,
                 nb_v,
             )
+            # The fusions, each against the same vLLM tail: conv into the state update (norm
+            # apart), then the norm into its epilogue too.
+            nb_f = fused_bytes(sh, batch, sdt)
+            for kernel, norm in (("decode_tail_fused_conv", False), ("decode_tail_fused", True)):
+                us = time_rotating(lambda: ours_fused(fused_inputs(sh, batch, sdt), sh, norm), nb_f)
+                record(kernel, model, name, batch, us, vllm_us, nb_f, nb_v)
 
     meta = dict(
         gpu=gpu,

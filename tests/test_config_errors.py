@@ -21,3 +21,22 @@ def test_n_groups_not_dividing_heads_is_refused(tiny_checkpoint, tmp_path):
         )
     )
     assert "unsupported n_groups=3; supported: a divisor of mamba_num_heads=8" in err
+
+
+def test_conv_activation_other_than_silu_is_refused():
+    """The decode kernel applies silu after the conv; checked without an engine."""
+    from types import SimpleNamespace
+
+    from vllm_nemotron_h.checkpoints import TINY_PRESETS, TINY_VOCAB_SIZE, make_config
+    from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, validate
+
+    hf = make_config(TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
+    hf.mamba_hidden_act = "gelu"
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=hf),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        cache_config=SimpleNamespace(mamba_cache_mode="none"),
+        num_speculative_tokens=0,
+    )
+    with pytest.raises(UnsupportedConfigError, match="unsupported mamba_hidden_act='gelu'"):
+        validate(config)

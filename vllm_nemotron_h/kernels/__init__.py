@@ -4,6 +4,11 @@ from vllm_nemotron_h.kernels.causal_conv1d_update import (
     causal_conv1d_update,
     causal_conv1d_update_ref,
 )
+from vllm_nemotron_h.kernels.mamba2_decode import (
+    DecodeWorkspace,
+    mamba2_decode,
+    mamba2_decode_ref,
+)
 from vllm_nemotron_h.kernels.rms_norm import (
     group_rms_norm,
     group_rms_norm_ref,
@@ -16,10 +21,13 @@ from vllm_nemotron_h.kernels.selective_state_update import (
 )
 
 __all__ = [
+    "DecodeWorkspace",
     "causal_conv1d_update",
     "causal_conv1d_update_ref",
     "group_rms_norm",
     "group_rms_norm_ref",
+    "mamba2_decode",
+    "mamba2_decode_ref",
     "rms_norm",
     "rms_norm_ref",
     "selective_state_update",

@@ -52,6 +52,61 @@ def launch_config(batch_dim: int) -> tuple[int, int]:
 
 
 @triton.jit
+def _conv_window(
+    x_row_ptr,
+    st,
+    s_t,
+    ch,
+    ch_ok,
+    st_ok,
+    w_ptr,
+    w_dim,
+    w_t,
+    bias_ptr,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Loads one token's window of channels ``ch`` (state taps at ``st + k * s_t``, the new
+    value at ``x_row_ptr + ch``) and convolves it in fp32, before the activation. Returns
+    (conv, w1, w2, xv): the taps the state shift writes (w1, w2 unused below WIDTH 3, 4)."""
+    xv = tl.load(x_row_ptr + ch, mask=ch_ok, other=0.0)
+    w0 = tl.load(st, mask=st_ok, other=0.0)
+    w1 = w0
+    w2 = w0
+    if WIDTH >= 3:
+        w1 = tl.load(st + s_t, mask=st_ok, other=0.0)
+    if WIDTH >= 4:
+        w2 = tl.load(st + 2 * s_t, mask=st_ok, other=0.0)
+    wrow = w_ptr + ch * w_dim
+    acc = tl.load(wrow + (WIDTH - 1) * w_t, mask=ch_ok, other=0.0).to(tl.float32) * xv.to(
+        tl.float32
+    )
+    acc += tl.load(wrow, mask=ch_ok, other=0.0).to(tl.float32) * w0.to(tl.float32)
+    if WIDTH >= 3:
+        acc += tl.load(wrow + w_t, mask=ch_ok, other=0.0).to(tl.float32) * w1.to(tl.float32)
+    if WIDTH >= 4:
+        acc += tl.load(wrow + 2 * w_t, mask=ch_ok, other=0.0).to(tl.float32) * w2.to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+    return acc, w1, w2, xv
+
+
+@triton.jit
+def _conv_shift(st, s_t, w1, w2, xv, mask, WIDTH: tl.constexpr):
+    """Rolls the window from registers (the taps _conv_window returned): no second read."""
+    sty = st.dtype.element_ty
+    if WIDTH == 2:
+        tl.store(st, xv.to(sty), mask=mask)
+    if WIDTH == 3:
+        tl.store(st, w1, mask=mask)
+        tl.store(st + s_t, xv.to(sty), mask=mask)
+    if WIDTH == 4:
+        tl.store(st, w1, mask=mask)
+        tl.store(st + s_t, w2, mask=mask)
+        tl.store(st + 2 * s_t, xv.to(sty), mask=mask)
+
+
+@triton.jit
 def _causal_conv1d_update_kernel(
     x_ptr,
     state_ptr,
@@ -84,44 +139,13 @@ def _causal_conv1d_update_kernel(
     live = (ch * 0 + slot) != null_slot  # per-channel: a scalar mask breaks the interpreter
     st_ok = ch_ok & live
     st = state_ptr + slot * s_slot + ch * s_dim
-
-    # Window w0 (oldest) .. w{WIDTH-1} (the new token); unused taps stay zero.
-    xv = tl.load(x_ptr + b * x_b + ch, mask=ch_ok, other=0.0)
-    w0 = tl.load(st, mask=st_ok, other=0.0)
-    if WIDTH >= 3:
-        w1 = tl.load(st + s_t, mask=st_ok, other=0.0)
-    if WIDTH >= 4:
-        w2 = tl.load(st + 2 * s_t, mask=st_ok, other=0.0)
-
-    acc = tl.load(w_ptr + ch * w_dim + (WIDTH - 1) * w_t, mask=ch_ok, other=0.0).to(
-        tl.float32
-    ) * xv.to(tl.float32)
-    acc += tl.load(w_ptr + ch * w_dim, mask=ch_ok, other=0.0).to(tl.float32) * w0.to(tl.float32)
-    if WIDTH >= 3:
-        acc += tl.load(w_ptr + ch * w_dim + w_t, mask=ch_ok, other=0.0).to(tl.float32) * w1.to(
-            tl.float32
-        )
-    if WIDTH >= 4:
-        acc += tl.load(w_ptr + ch * w_dim + 2 * w_t, mask=ch_ok, other=0.0).to(tl.float32) * w2.to(
-            tl.float32
-        )
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+    acc, w1, w2, xv = _conv_window(
+        x_ptr + b * x_b, st, s_t, ch, ch_ok, st_ok, w_ptr, w_dim, w_t, bias_ptr, WIDTH, HAS_BIAS
+    )
     if SILU:
         acc = acc * tl.sigmoid(acc)
     acc = tl.where(live, acc, 0.0)
-
-    # Shift the window from registers: no second read of the state.
-    sty = state_ptr.dtype.element_ty
-    if WIDTH == 2:
-        tl.store(st, xv.to(sty), mask=st_ok)
-    if WIDTH == 3:
-        tl.store(st, w1, mask=st_ok)
-        tl.store(st + s_t, xv.to(sty), mask=st_ok)
-    if WIDTH == 4:
-        tl.store(st, w1, mask=st_ok)
-        tl.store(st + s_t, w2, mask=st_ok)
-        tl.store(st + 2 * s_t, xv.to(sty), mask=st_ok)
+    _conv_shift(st, s_t, w1, w2, xv, st_ok, WIDTH)
     tl.store(out_ptr + b * o_b + ch, acc.to(out_ptr.dtype.element_ty), mask=ch_ok)
 
 

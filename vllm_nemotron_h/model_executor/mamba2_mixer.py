@@ -3,9 +3,12 @@ shapes) with the conv + SSM + gate + norm part replaced.
 
 Per step, inside vLLM's ``vllm::mamba_mixer2`` op (a CUDA-graph split point):
     prefill rows: vLLM's causal_conv1d_fn and chunked scan (CPU ops on CPU), gated by z
-    decode rows:  causal_conv1d_update -> selective_state_update (softplus, A, D, silu(z)
-                  in fp32 registers), through the int64 state slots of ``state_slots``
-    all rows:     group_rms_norm (no gate left to apply, no rstd stored)
+    decode rows:  mamba2_decode: conv update -> state update (softplus, A, D, silu(z) in
+                  fp32 registers) -> group norm in one launch, through the int64 state slots
+                  of ``state_slots``
+    prefill rows: group_rms_norm (no gate left to apply, no rstd stored); all rows when the
+                  norm's one group spans tensor-parallel ranks (its sum of squares is
+                  all-reduced, so the decode kernel leaves it out)
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import _encode_layer_name
 
 from vllm_nemotron_h.compat import NULL_BLOCK_ID, prefill_checkpoint, store_prefill_checkpoint
-from vllm_nemotron_h.kernels import causal_conv1d_update, group_rms_norm, selective_state_update
+from vllm_nemotron_h.kernels import group_rms_norm, mamba2_decode
 from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, StateSlotsMetadata
 
 
@@ -104,7 +107,7 @@ class PluginMambaMixer2(MambaMixer2):
                 conv_state,
                 ssm_state,
             )
-        self._norm_in_place(output[:n_all])
+        self._norm_in_place(output[0 if self.norm_spans_ranks else n_dec : n_all])
 
     def _prefill(self, md, xbc, dt, gate, out, conv_state, ssm_state) -> None:
         n = xbc.shape[0]
@@ -230,31 +233,23 @@ class PluginMambaMixer2(MambaMixer2):
         return states
 
     def _decode(self, md, xbc, dt, gate, out, conv_state, ssm_state) -> None:
-        n = xbc.shape[0]
-        slots = md.state_slots_d[:n]
-        xbc = causal_conv1d_update(
+        mamba2_decode(
             xbc,
+            dt,
+            gate,
             conv_state,
             self.conv_weights,
             self.conv1d.bias,
-            self.activation,
-            state_slots=slots,
-            null_slot=NULL_BLOCK_ID,
-        )
-        x, B, C = self.split_hidden_states_B_C_fn(xbc)
-        selective_state_update(
             ssm_state,
-            x.view(n, self.tped_heads, self.head_dim),
-            dt,
             self.A,
-            B.view(n, self.tped_groups, -1),
-            C.view(n, self.tped_groups, -1),
             self.D,
             self.dt_bias,
-            z=gate.view(n, self.tped_heads, self.head_dim),
-            state_slots=slots,
+            norm_weight=None if self.norm_spans_ranks else self.norm.weight,
+            eps=self.norm.variance_epsilon,
+            workspace=md.decode_workspace,
+            state_slots=md.state_slots_d[: xbc.shape[0]],
             null_slot=NULL_BLOCK_ID,
-            out=out.view(n, self.tped_heads, self.head_dim),
+            out=out,
         )
 
     def _norm_in_place(self, y: torch.Tensor) -> None:

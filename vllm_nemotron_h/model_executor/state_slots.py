@@ -5,7 +5,9 @@ sequence a slot (the first block of its block table, int32). The builder below t
 decode rows' slots into an int64 tensor written into a buffer allocated once at start: its
 address never changes, so CUDA graphs replay it, and the kernels index the state with it
 directly (no per-layer casts). Padded rows hold vLLM's null block, which kernels skip.
-All Mamba layers of a KV-cache group share one builder, hence one tensor per step.
+All Mamba layers of a KV-cache group share one builder, hence one tensor per step, and one
+``DecodeWorkspace`` (the fused decode kernel's arrival counters and partial sums), allocated
+with the slot buffer and handed to the layers through the metadata.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from vllm.v1.attention.backends.mamba2_attn import (
 )
 
 from vllm_nemotron_h.compat import NULL_BLOCK_ID
+from vllm_nemotron_h.kernels import DecodeWorkspace
 
 
 @dataclass
 class StateSlotsMetadata(Mamba2AttentionMetadata):
     # int64 slots of the decode rows (a view of the builder's persistent buffer).
     state_slots_d: torch.Tensor | None = None
+    decode_workspace: DecodeWorkspace | None = None
 
 
 class StateSlotsMetadataBuilder(Mamba2AttentionMetadataBuilder):
@@ -38,6 +42,8 @@ class StateSlotsMetadataBuilder(Mamba2AttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         max_rows = vllm_config.scheduler_config.max_num_seqs
         self.state_slots = torch.full((max_rows,), NULL_BLOCK_ID, dtype=torch.int64, device=device)
+        nheads, head_dim, _ = kv_cache_spec.shapes[1]  # the SSM state of one slot
+        self.decode_workspace = DecodeWorkspace.allocate(max_rows, nheads, head_dim, device)
 
     def build(
         self,
@@ -59,6 +65,7 @@ class StateSlotsMetadataBuilder(Mamba2AttentionMetadataBuilder):
 
     def _with_state_slots(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
         metadata.state_slots_d = None
+        metadata.decode_workspace = self.decode_workspace
         if metadata.num_decodes > 0:
             slots = metadata.state_indices_tensor_d[:, 0]
             rows = slots.shape[0]

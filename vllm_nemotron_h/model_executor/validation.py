@@ -46,6 +46,8 @@ def validate(vllm_config: VllmConfig) -> None:
             _fail("ssm_state_size", config.ssm_state_size, "{}..{}".format(*STATE_SIZES))
         if not CONV_WIDTHS[0] <= config.conv_kernel <= CONV_WIDTHS[1]:
             _fail("conv_kernel", config.conv_kernel, "{}..{}".format(*CONV_WIDTHS))
+        if config.mamba_hidden_act not in ("silu", "swish"):
+            _fail("mamba_hidden_act", config.mamba_hidden_act, "'silu' (the conv activation)")
         if heads % tp:
             _fail("mamba_num_heads", heads, f"a multiple of tensor_parallel_size={tp}")
         if groups % tp and groups != 1:

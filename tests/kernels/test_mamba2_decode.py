@@ -1,0 +1,133 @@
+import pytest
+import torch
+from helpers import DEVICES, TOL, poisoned, rel_err
+
+from vllm_nemotron_h.kernels import DecodeWorkspace, mamba2_decode, mamba2_decode_ref
+
+# (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
+CPU_SHAPES = [(4, 80, 16, 2), (4, 32, 32, 1), (8, 32, 16, 4)]
+GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 256, 1)]
+
+
+def make_inputs(device, batch, shape, state_dtype, act, width=4, bias=True, dim_first=True):
+    """Inputs as the engine passes them: xbc, z and dt are strided views of one projection
+    row, vLLM's null slot 0 pads row 0."""
+    nheads, head_dim, d_state, ngroups = shape
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
+
+    def rnd(*s, dtype=torch.float32):
+        return torch.randn(*s, generator=g, device=device).to(dtype)
+
+    inner = nheads * head_dim
+    conv_dim = inner + 2 * ngroups * d_state
+    proj = rnd(batch, inner + conv_dim + nheads, dtype=act)
+    slots_total = batch + 3
+    if dim_first:
+        conv_state = rnd(slots_total, conv_dim, width - 1, dtype=act)
+    else:  # vLLM's "SD" layout seen transposed
+        conv_state = rnd(slots_total, width - 1, conv_dim, dtype=act).transpose(-1, -2)
+    slots = torch.randperm(slots_total - 1, generator=g, device=device)[:batch] + 1
+    slots[0] = 0
+    return dict(
+        xbc=proj[:, inner : inner + conv_dim],
+        dt=proj[:, inner + conv_dim :],
+        z=proj[:, :inner],
+        conv_state=conv_state,
+        conv_weight=rnd(conv_dim, width, dtype=act) * 0.5,
+        conv_bias=rnd(conv_dim, dtype=act) if bias else None,
+        ssm_state=rnd(slots_total, nheads, head_dim, d_state, dtype=state_dtype),
+        A=-rnd(nheads).abs() - 0.1,
+        D=rnd(nheads),
+        dt_bias=rnd(nheads) * 0.5,
+        norm_weight=rnd(inner, dtype=act),
+        state_slots=slots,
+    )
+
+
+def check(device, shape, batch, state_dtype, act, norm=True, config=None, **layout):
+    t = make_inputs(device, batch, shape, state_dtype, act, **layout)
+    if not norm:
+        t["norm_weight"] = None
+    refs = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
+    ref = mamba2_decode_ref(**{**t, **refs}, null_slot=0)
+    before = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
+    ws = DecodeWorkspace.allocate(batch, shape[0], shape[1], device)
+    out = poisoned(ref)
+    for _ in range(2):  # a second launch finds the counters back at zero
+        for k in before:
+            t[k].copy_(before[k])
+        mamba2_decode(**t, workspace=ws, null_slot=0, out=out, config=config)
+    tol = TOL[act] if state_dtype == torch.float32 else max(TOL[act], TOL[state_dtype])
+    assert rel_err(out, ref) < tol
+    assert rel_err(t["ssm_state"], refs["ssm_state"]) < max(tol, TOL[state_dtype])
+    assert torch.equal(t["conv_state"], refs["conv_state"]), "the conv shift must be exact"
+    assert (out[0] == 0).all(), "the null-slot row must be zero"
+    untouched = torch.ones(t["ssm_state"].shape[0], dtype=torch.bool, device=device)
+    untouched[t["state_slots"][1:]] = False
+    for k in before:
+        assert torch.equal(t[k][untouched], before[k][untouched]), f"{k}: a foreign slot moved"
+    assert (ws.counters == 0).all(), "every launch must leave the arrival counters at zero"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("norm", [True, False])
+def test_matches_reference(device, state_dtype, norm):
+    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    for shape in shapes:
+        for batch in (3,) if device == "cpu" else (1, 7, 64, 256):
+            check(device, shape, batch, state_dtype, act, norm)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("dim_first", [True, False])
+def test_conv_widths_and_layouts(device, width, dim_first):
+    shape = (4, 80, 16, 2) if device == "cpu" else (128, 80, 128, 8)
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    check(device, shape, 3, torch.float32, act, width=width, bias=width != 3, dim_first=dim_first)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_m", [4, 8, 16, 32, 64])
+def test_every_tile_size(device, block_m):
+    """From many tiles per group (the last-arrival path) to one tile per group."""
+    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    for shape in shapes:
+        if shape[0] // shape[3] * shape[1] % block_m == 0:
+            check(device, shape, 5, torch.float32, act, config=(block_m, 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_activation_dtypes(device, act):
+    check(device, (4, 80, 16, 2), 2, torch.float32, act)
+
+
+def _cpu_interpreter_inputs():
+    t = make_inputs("cpu", 2, (4, 32, 16, 2), torch.float32, torch.float32)
+    return t, DecodeWorkspace.allocate(2, 4, 32, "cpu")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(xbc=torch.zeros(2, 100)), "xbc.shape"),
+        (dict(dt=torch.zeros(3, 4)), "dt must have shape"),
+        (dict(A=torch.zeros(4, dtype=torch.float64)), "A must have dtype"),
+        (dict(conv_weight=torch.zeros(192, 5)), "conv width"),
+        (dict(norm_weight=torch.zeros(64)), "norm_weight must have shape"),
+        (dict(state_slots=torch.zeros(2, dtype=torch.int32)), "state_slots"),
+        (dict(workspace=DecodeWorkspace.allocate(1, 1, 32, "cpu")), "workspace holds"),
+        (dict(config=(128, 1)), "BLOCK_M=128"),
+        (dict(config=(2, 1)), "BLOCK_M=2"),
+    ],
+)
+def test_bad_arguments_raise(change, message):
+    t, ws = _cpu_interpreter_inputs()
+    t["workspace"] = ws
+    t.update(change)
+    with pytest.raises(ValueError, match=message):
+        mamba2_decode(**t, null_slot=0)

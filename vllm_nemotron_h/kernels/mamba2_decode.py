@@ -1,0 +1,478 @@
+"""The decode tail of a Mamba2 layer in one launch: conv update -> state update -> gated
+group norm.
+
+For every sequence ``b`` (``slot_b = state_slots[b]``)::
+
+    xbc' = silu(causal_conv1d_update(xbc[b], conv_state[slot_b]))     (rolls conv_state)
+    x, B, C = split(xbc', [nheads * head_dim, ngroups * d_state, ngroups * d_state])
+    y    = selective_state_update(ssm_state[slot_b], x, dt, A, B, C, D, dt_bias, z)
+    out  = group_rms_norm(y, norm_weight, heads per group x head_dim, eps)   (when given)
+
+exactly the composition of the three kernels of this folder (``mamba2_decode_ref``), with the
+same roundings: the conv output and y are rounded to the activation dtype where the separate
+kernels store them. Without ``norm_weight`` the output is the gated y (the norm then runs
+apart, e.g. when its group spans tensor-parallel ranks).
+
+Shapes and dtypes:
+    xbc         (batch, nheads * head_dim + 2 * ngroups * d_state)   activation dtype, rows
+                may be strided (a view of the input projection)
+    dt          (batch, nheads); z, out (batch, nheads * head_dim)    activation dtype
+    conv_state  (num_slots, conv_dim, width - 1)                      any strides
+    conv_weight (conv_dim, width), conv_bias (conv_dim,)              width 2..4
+    ssm_state   (num_slots, nheads, head_dim, d_state)                fp32 / bf16 / fp16
+    A, D, dt_bias (nheads,) fp32; norm_weight (nheads * head_dim,); state_slots (batch,) int64
+
+One program owns BLOCK_M consecutive rows of the (head, row) plane of one sequence, inside
+one group, as in ``selective_state_update``: it convolves its own x channels (and rolls their
+conv state) and the B and C channels of its group, which every program of the group needs.
+The B and C windows may be rolled only once all of the group's programs have read them, and
+the group's norm needs the sum of squares of all its rows: each program adds itself to an
+arrival counter per (sequence, group) after its reads and stores, and the last to arrive
+rolls the B and C windows, rescales the group's rows (from L2) and resets the counter to
+zero for the next launch. The counters and the per-tile partial sums live in a
+``DecodeWorkspace`` allocated once; partial sums are added in a fixed order, so the result
+does not depend on which program arrives last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_nemotron_h.kernels._common import (
+    ACTIVATION_DTYPES,
+    STATE_DTYPES,
+    check_range,
+    check_slots,
+    check_tensor,
+    use_triton,
+)
+from vllm_nemotron_h.kernels.causal_conv1d_update import (
+    _conv_shift,
+    _conv_window,
+    causal_conv1d_update_ref,
+)
+from vllm_nemotron_h.kernels.rms_norm import group_rms_norm_ref
+from vllm_nemotron_h.kernels.selective_state_update import (
+    _state_step,
+    launch_config,
+    selective_state_update_ref,
+)
+
+# The smallest tile the workspace is sized for: one partial sum per MIN_BLOCK_M rows.
+MIN_BLOCK_M = 4
+_NORM_BLOCK = 1024
+
+
+@dataclass
+class DecodeWorkspace:
+    """Scratch of ``mamba2_decode`` for up to ``max_batch`` sequences; allocate it once (CUDA
+    graphs replay its addresses) and share it between layers: every launch leaves the
+    counters at zero, and launches on one stream do not overlap."""
+
+    counters: torch.Tensor  # int32 (max_batch * nheads,): arrivals per (sequence, group)
+    partial_sums: torch.Tensor  # fp32 (max_batch * nheads * head_dim / MIN_BLOCK_M,)
+
+    @classmethod
+    def allocate(
+        cls, max_batch: int, nheads: int, head_dim: int, device: torch.device | str
+    ) -> DecodeWorkspace:
+        # ngroups <= nheads, and tiles have at least MIN_BLOCK_M rows.
+        return cls(
+            torch.zeros(max_batch * nheads, dtype=torch.int32, device=device),
+            torch.zeros(
+                max_batch * nheads * head_dim // MIN_BLOCK_M, dtype=torch.float32, device=device
+            ),
+        )
+
+
+@triton.jit
+def _mamba2_decode_kernel(
+    xbc_ptr,
+    dt_ptr,
+    z_ptr,
+    conv_state_ptr,
+    conv_w_ptr,
+    conv_b_ptr,
+    state_ptr,
+    A_ptr,
+    D_ptr,
+    dt_bias_ptr,
+    norm_w_ptr,
+    out_ptr,
+    slots_ptr,
+    counters_ptr,
+    partials_ptr,
+    null_slot,
+    d_state,
+    ngroups,
+    group_rows,
+    eps,
+    xbc_b,
+    dt_b,
+    dt_h,
+    z_b,
+    cs_slot,
+    cs_dim,
+    cs_t,
+    cw_dim,
+    cw_t,
+    s_slot,
+    s_head,
+    s_dim,
+    o_b,
+    HEAD_DIM: tl.constexpr,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    n_tiles = tl.num_programs(0)
+    b = tl.program_id(1).to(tl.int64)
+    first_row = tile * BLOCK_M
+    g = first_row // group_rows  # BLOCK_M divides group_rows: one group per program
+    inner = n_tiles * BLOCK_M  # nheads * head_dim: x channels come first in xbc
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + b)
+    else:
+        slot = b
+
+    rows = first_row + tl.arange(0, BLOCK_M)
+    h = (rows // HEAD_DIM).to(tl.int64)
+    p = rows % HEAD_DIM
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < d_state
+    # Per-element copies of the slot test (a scalar mask breaks the Triton interpreter).
+    live = (rows * 0 + slot) != null_slot
+    live_n = (cols * 0 + slot) != null_slot
+    tile_ok = live[:, None] & col_ok[None, :]
+    bc_ok = col_ok & live_n
+
+    # Every load before the arithmetic: the state tile, the conv windows of the tile's x
+    # channels and of its group's B and C channels, then the per-row values.
+    state_ptrs = state_ptr + slot * s_slot + (h * s_head + p * s_dim)[:, None] + cols[None, :]
+    s = tl.load(state_ptrs, mask=tile_ok, other=0.0)
+    xbc_row = xbc_ptr + b * xbc_b
+    cs_base = conv_state_ptr + slot * cs_slot
+    x_st = cs_base + rows * cs_dim
+    b_ch = inner + g * d_state + cols
+    c_ch = b_ch + ngroups * d_state
+    b_st = cs_base + b_ch * cs_dim
+    c_st = cs_base + c_ch * cs_dim
+    x_conv, x_w1, x_w2, x_new = _conv_window(
+        xbc_row,
+        x_st,
+        cs_t,
+        rows,
+        rows < inner,
+        live,
+        conv_w_ptr,
+        cw_dim,
+        cw_t,
+        conv_b_ptr,
+        WIDTH,
+        HAS_BIAS,
+    )
+    b_conv, b_w1, b_w2, b_new = _conv_window(
+        xbc_row,
+        b_st,
+        cs_t,
+        b_ch,
+        col_ok,
+        bc_ok,
+        conv_w_ptr,
+        cw_dim,
+        cw_t,
+        conv_b_ptr,
+        WIDTH,
+        HAS_BIAS,
+    )
+    c_conv, c_w1, c_w2, c_new = _conv_window(
+        xbc_row,
+        c_st,
+        cs_t,
+        c_ch,
+        col_ok,
+        bc_ok,
+        conv_w_ptr,
+        cw_dim,
+        cw_t,
+        conv_b_ptr,
+        WIDTH,
+        HAS_BIAS,
+    )
+    z = tl.load(z_ptr + b * z_b + rows).to(tl.float32)
+    dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+    A = tl.load(A_ptr + h)
+    D = tl.load(D_ptr + h)
+
+    # The conv outputs, rounded where the separate conv kernel stores them.
+    act = xbc_ptr.dtype.element_ty
+    x = (x_conv * tl.sigmoid(x_conv)).to(act).to(tl.float32)
+    Bv = (b_conv * tl.sigmoid(b_conv)).to(act).to(tl.float32)
+    Cv = (c_conv * tl.sigmoid(c_conv)).to(act).to(tl.float32)
+    _conv_shift(x_st, cs_t, x_w1, x_w2, x_new, live, WIDTH)
+
+    s, y = _state_step(s, x, Bv, Cv, dt, A, D)
+    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+    y = tl.where(live, y * z * tl.sigmoid(z), 0.0).to(out_ptr.dtype.element_ty)
+    out_row = out_ptr + b * o_b
+    tl.store(out_row + rows, y)
+    if NORM:
+        yf = y.to(tl.float32)
+        tl.store(partials_ptr + b * n_tiles + tile, tl.sum(yf * yf, axis=0))
+
+    # All of this program's reads and stores are done before it counts itself in.
+    tl.debug_barrier()
+    counter = counters_ptr + b * ngroups + g
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    tiles_per_group = group_rows // BLOCK_M
+    if arrived == tiles_per_group - 1:
+        _conv_shift(b_st, cs_t, b_w1, b_w2, b_new, bc_ok, WIDTH)
+        _conv_shift(c_st, cs_t, c_w1, c_w2, c_new, bc_ok, WIDTH)
+        if NORM:
+            # Other programs' stores: read from L2 (.cg), never a stale L1 line.
+            first_tile = b * n_tiles + g * tiles_per_group
+            sq = tl.zeros([NORM_BLOCK], dtype=tl.float32)
+            for t0 in range(0, tiles_per_group, NORM_BLOCK):
+                t = t0 + tl.arange(0, NORM_BLOCK)
+                sq += tl.load(
+                    partials_ptr + first_tile + t,
+                    mask=t < tiles_per_group,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+            rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / group_rows + eps)
+            for c0 in range(0, group_rows, NORM_BLOCK):
+                c = c0 + tl.arange(0, NORM_BLOCK)
+                ok = c < group_rows
+                c += g * group_rows
+                v = tl.load(out_row + c, mask=ok, other=0.0, cache_modifier=".cg")
+                w = tl.load(norm_w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+                tl.store(out_row + c, (v.to(tl.float32) * rstd * w).to(v.dtype), mask=ok)
+        tl.store(counter, 0)
+
+
+def mamba2_decode_ref(
+    xbc: torch.Tensor,
+    dt: torch.Tensor,
+    z: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    ssm_state: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    workspace: DecodeWorkspace | None = None,
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The three references composed, same signature and effects (the CPU path and the test
+    oracle); ``workspace`` is not used."""
+    batch = xbc.shape[0]
+    _, nheads, head_dim, d_state = ssm_state.shape
+    inner = nheads * head_dim
+    ngroups = (xbc.shape[1] - inner) // (2 * d_state)
+    conv = causal_conv1d_update_ref(
+        xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot
+    )
+    x, B, C = torch.split(conv, [inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    y = selective_state_update_ref(
+        ssm_state,
+        x.reshape(batch, nheads, head_dim),
+        dt,
+        A,
+        B.reshape(batch, ngroups, d_state),
+        C.reshape(batch, ngroups, d_state),
+        D,
+        dt_bias,
+        z.reshape(batch, nheads, head_dim),
+        state_slots,
+        null_slot,
+    ).view(batch, inner)
+    if norm_weight is not None:
+        y = group_rms_norm_ref(y, norm_weight, inner // ngroups, eps)
+    if out is None:
+        return y
+    return out.copy_(y)
+
+
+def _check(
+    xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias, norm_weight, slots
+) -> tuple[int, int]:
+    """Raises ValueError naming the first argument that does not fit; returns
+    (ngroups, conv width)."""
+    check_tensor("xbc", xbc, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
+    batch, conv_dim = xbc.shape
+    dev = xbc.device
+    check_tensor("ssm_state", ssm_state, (None, None, None, None), STATE_DTYPES, dev, True)
+    _, nheads, head_dim, d_state = ssm_state.shape
+    check_range("head_dim", head_dim, 32, 128)
+    check_range("d_state", d_state, 16, 256)
+    inner = nheads * head_dim
+    bc_dim = conv_dim - inner
+    ngroups = bc_dim // (2 * d_state)
+    if bc_dim <= 0 or bc_dim % (2 * d_state) or nheads % ngroups:
+        raise ValueError(
+            f"xbc.shape[1]={conv_dim} must be nheads*head_dim ({inner}) + 2*ngroups*d_state "
+            f"(d_state={d_state}) with ngroups dividing nheads={nheads}"
+        )
+    check_tensor("dt", dt, (batch, nheads), ACTIVATION_DTYPES, dev)
+    check_tensor("z", z, (batch, inner), ACTIVATION_DTYPES, dev, True)
+    check_tensor("conv_weight", conv_weight, (conv_dim, None), ACTIVATION_DTYPES, dev)
+    width = conv_weight.shape[1]
+    check_range("conv_weight.shape[1] (conv width)", width, 2, 4)
+    check_tensor("conv_state", conv_state, (None, conv_dim, width - 1), STATE_DTYPES, dev)
+    if conv_bias is not None:
+        check_tensor("conv_bias", conv_bias, (conv_dim,), ACTIVATION_DTYPES, dev)
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        check_tensor(name, t, (nheads,), (torch.float32,), dev)
+    if norm_weight is not None:
+        check_tensor("norm_weight", norm_weight, (inner,), ACTIVATION_DTYPES, dev)
+    check_slots(slots, batch, dev)
+    return ngroups, width
+
+
+def mamba2_decode(
+    xbc: torch.Tensor,
+    dt: torch.Tensor,
+    z: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    ssm_state: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    workspace: DecodeWorkspace | None = None,
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+    config: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Advances both states of every sequence by one token in place and returns ``out``
+    (batch, nheads * head_dim): normalised when ``norm_weight`` is given, else gated y.
+    ``workspace`` is required on the Triton path; ``config`` = (BLOCK_M, num_warps) overrides
+    the state update's tuned launch configuration."""
+    ngroups, width = _check(
+        xbc,
+        dt,
+        z,
+        conv_state,
+        conv_weight,
+        conv_bias,
+        ssm_state,
+        A,
+        D,
+        dt_bias,
+        norm_weight,
+        state_slots,
+    )
+    batch = xbc.shape[0]
+    _, nheads, head_dim, d_state = ssm_state.shape
+    inner = nheads * head_dim
+    group_rows = inner // ngroups
+    if out is None:
+        out = torch.empty_like(z)
+    else:
+        check_tensor("out", out, (batch, inner), (xbc.dtype,), xbc.device, True)
+    block_m, num_warps = config or launch_config(
+        head_dim, d_state, ssm_state.dtype, batch * nheads, group_rows
+    )
+    if group_rows % block_m or block_m < MIN_BLOCK_M:
+        raise ValueError(
+            f"config BLOCK_M={block_m} must be >= {MIN_BLOCK_M} and divide heads per group "
+            f"x head_dim = {group_rows}"
+        )
+    if not use_triton(xbc):
+        return mamba2_decode_ref(
+            xbc,
+            dt,
+            z,
+            conv_state,
+            conv_weight,
+            conv_bias,
+            ssm_state,
+            A,
+            D,
+            dt_bias,
+            norm_weight,
+            eps,
+            None,
+            state_slots,
+            null_slot,
+            out,
+        )
+    if workspace is None:
+        raise ValueError("workspace must be a DecodeWorkspace on the Triton path, got None")
+    n_tiles = inner // block_m
+    if (
+        workspace.counters.numel() < batch * ngroups
+        or workspace.partial_sums.numel() < batch * n_tiles
+        or workspace.counters.device != xbc.device
+    ):
+        raise ValueError(
+            f"workspace holds {workspace.counters.numel()} counters and "
+            f"{workspace.partial_sums.numel()} partial sums on {workspace.counters.device}; "
+            f"this call needs {batch * ngroups} and {batch * n_tiles} on {xbc.device}"
+        )
+    if batch == 0:
+        return out
+    _mamba2_decode_kernel[(n_tiles, batch)](
+        xbc,
+        dt,
+        z,
+        conv_state,
+        conv_weight,
+        conv_bias if conv_bias is not None else conv_weight,
+        ssm_state,
+        A,
+        D,
+        dt_bias,
+        norm_weight if norm_weight is not None else A,
+        out,
+        state_slots if state_slots is not None else dt,
+        workspace.counters,
+        workspace.partial_sums,
+        null_slot,
+        d_state,
+        ngroups,
+        group_rows,
+        eps,
+        xbc.stride(0),
+        dt.stride(0),
+        dt.stride(1),
+        z.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(1),
+        conv_state.stride(2),
+        conv_weight.stride(0),
+        conv_weight.stride(1),
+        ssm_state.stride(0),
+        ssm_state.stride(1),
+        ssm_state.stride(2),
+        out.stride(0),
+        HEAD_DIM=head_dim,
+        WIDTH=width,
+        HAS_BIAS=conv_bias is not None,
+        HAS_SLOTS=state_slots is not None,
+        NORM=norm_weight is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=triton.next_power_of_2(d_state),
+        NORM_BLOCK=_NORM_BLOCK,
+        num_warps=num_warps,
+    )
+    return out
