@@ -253,7 +253,7 @@ def fused_bytes(sh: dict, batch: int, state_dtype, act_bytes: int = 2) -> int:
 def ours_fused(t, sh, norm: bool, config=None):
     """The fused kernel; without ``norm`` it leaves the group norm to its own kernel."""
     gs = sh["heads"] * sh["head_dim"] // sh["groups"]
-    call = dict(t, norm_weight=t["norm_weight"] if norm else None, config=config)
+    call = dict(t, norm_weight=t["norm_weight"] if norm else None, config=config, fuse=True)
     if norm:
         return lambda: mamba2_decode(**call, null_slot=0)
     return lambda: (
@@ -274,6 +274,23 @@ def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) 
 
 
 TUNABLE = ("selective_state_update", "causal_conv1d_update", "mamba2_decode")
+FUSED_TUNE_MAX = 32
+
+
+def use_tables(path: Path) -> None:
+    """Runs the comparison with the tables a --tune JSON gives instead of the ones in the
+    kernel modules (to see a sweep's effect before pasting it)."""
+    from vllm_nemotron_h.kernels import causal_conv1d_update as conv_mod
+    from vllm_nemotron_h.kernels import mamba2_decode as fused_mod
+    from vllm_nemotron_h.kernels import selective_state_update as ssu_mod
+
+    modules = {"selective_state_update": ssu_mod, "mamba2_decode": fused_mod}
+    for key, table in tuned_tables(json.loads(path.read_text())).items():
+        if key == "causal_conv1d_update":
+            conv_mod.TUNED_CONFIGS[:] = table
+        else:
+            modules[key[0]].TUNED_CONFIGS[key[1:]] = table
+        print("using", key, table, flush=True)
 
 
 def tune(models, quick: bool, kernels=TUNABLE) -> list:
@@ -284,12 +301,14 @@ def tune(models, quick: bool, kernels=TUNABLE) -> list:
     for model in models:
         sh = shape_of(model)
         group_rows = sh["heads"] // sh["groups"] * sh["head_dim"]
-        ssu_cfgs = [(bm, w) for bm in (4, 8, 16, 32, 64) for w in warps if group_rows % bm == 0]
+        tiles = [bm for bm in (4, 8, 16, 32, 64, 128) if group_rows % bm == 0]
         for kernel, sdt, batch in itertools.product(
             ("selective_state_update", "mamba2_decode"), (torch.float32, torch.bfloat16), BATCHES
         ):
-            if kernel not in kernels:
+            # The fused tail runs at small batches only (FUSED_MAX_BATCH_HEADS).
+            if kernel not in kernels or (kernel == "mamba2_decode" and batch > FUSED_TUNE_MAX):
                 continue
+            cfgs = [(bm, w) for bm in tiles for w in warps if bm <= 64 or kernel == "mamba2_decode"]
             if kernel == "selective_state_update":
                 call, nbytes = (
                     lambda cfg: ours_ssu(ssu_inputs(sh, batch, sdt), cfg),
@@ -302,7 +321,7 @@ def tune(models, quick: bool, kernels=TUNABLE) -> list:
                 )
             best_config(
                 f"{kernel:22s} {model:12s} {str(sdt)[6:]:9s} B={batch:4d}",
-                ssu_cfgs,
+                cfgs,
                 call,
                 nbytes,
                 rows,
@@ -371,6 +390,7 @@ def main() -> None:
         help=f"sweep launch configs only, of these kernels (default all: {','.join(TUNABLE)})",
     )
     ap.add_argument("--tune-out", type=Path, help="sweep JSON (default kernel-tuning-<gpu>)")
+    ap.add_argument("--use-tables", type=Path, help="compare with the tables of this sweep JSON")
     ap.add_argument("--quick", action="store_true", help="tune with 2 and 4 warps only")
     ap.add_argument(
         "--tables", type=Path, help="print the TUNED_CONFIGS tables of a --tune JSON and exit"
@@ -381,6 +401,8 @@ def main() -> None:
         for key, table in tuned_tables(json.loads(args.tables.read_text())).items():
             print(f"{key}: {table}".replace(str(1 << 62), "_BIG"))
         return
+    if args.use_tables:
+        use_tables(args.use_tables)
     models = args.models.split(",")
     gpu = torch.cuda.get_device_name().replace(" ", "_")
     tag = "h100" if "H100" in gpu else gpu.lower()

@@ -44,7 +44,7 @@ def make_inputs(device, batch, shape, state_dtype, act, width=4, bias=True, dim_
     )
 
 
-def check(device, shape, batch, state_dtype, act, norm=True, config=None, **layout):
+def check(device, shape, batch, state_dtype, act, norm=True, config=None, fuse=True, **layout):
     t = make_inputs(device, batch, shape, state_dtype, act, **layout)
     if not norm:
         t["norm_weight"] = None
@@ -56,7 +56,7 @@ def check(device, shape, batch, state_dtype, act, norm=True, config=None, **layo
     for _ in range(2):  # a second launch finds the counters back at zero
         for k in before:
             t[k].copy_(before[k])
-        mamba2_decode(**t, workspace=ws, null_slot=0, out=out, config=config)
+        mamba2_decode(**t, workspace=ws, null_slot=0, out=out, config=config, fuse=fuse)
     tol = TOL[act] if state_dtype == torch.float32 else max(TOL[act], TOL[state_dtype])
     assert rel_err(out, ref) < tol
     assert rel_err(t["ssm_state"], refs["ssm_state"]) < max(tol, TOL[state_dtype])
@@ -78,6 +78,17 @@ def test_matches_reference(device, state_dtype, norm):
     for shape in shapes:
         for batch in (3,) if device == "cpu" else (1, 7, 64, 256):
             check(device, shape, batch, state_dtype, act, norm)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm", [True, False])
+def test_three_kernel_path_matches(device, norm):
+    """fuse=False: the same tail through the three kernels (larger batches take it)."""
+    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    for shape in shapes:
+        for batch in (3,) if device == "cpu" else (1, 64, 256):
+            check(device, shape, batch, torch.float32, act, norm, fuse=False)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -121,6 +132,7 @@ def _cpu_interpreter_inputs():
         (dict(norm_weight=torch.zeros(64)), "norm_weight must have shape"),
         (dict(state_slots=torch.zeros(2, dtype=torch.int32)), "state_slots"),
         (dict(workspace=DecodeWorkspace.allocate(1, 1, 32, "cpu")), "workspace holds"),
+        (dict(workspace=None), "workspace holds None"),
         (dict(config=(128, 1)), "BLOCK_M=128"),
         (dict(config=(2, 1)), "BLOCK_M=2"),
     ],

@@ -36,6 +36,7 @@ does not depend on which program arrives last.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -53,18 +54,33 @@ from vllm_nemotron_h.kernels._common import (
 from vllm_nemotron_h.kernels.causal_conv1d_update import (
     _conv_shift,
     _conv_window,
+    causal_conv1d_update,
     causal_conv1d_update_ref,
 )
-from vllm_nemotron_h.kernels.rms_norm import group_rms_norm_ref
+from vllm_nemotron_h.kernels.rms_norm import group_rms_norm, group_rms_norm_ref
 from vllm_nemotron_h.kernels.selective_state_update import (
     _state_step,
-    launch_config,
+    config_from_table,
+    selective_state_update,
     selective_state_update_ref,
 )
 
 # The smallest tile the workspace is sized for: one partial sum per MIN_BLOCK_M rows.
 MIN_BLOCK_M = 4
-_NORM_BLOCK = 1024
+# Up to this many batch x heads the one launch beats the three kernels of this folder in a
+# row; above it their tail runs instead (benchmarks/kernels.py on the H100, NOTES.md).
+FUSED_MAX_BATCH_HEADS = 1 << 62
+# (head_dim, d_state, state bytes) -> [(max batch*nheads, BLOCK_M, num_warps)], as in
+# selective_state_update.TUNED_CONFIGS; shapes not listed take the state update's default.
+TUNED_CONFIGS: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+
+
+@functools.cache
+def launch_config(
+    head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int, group_rows: int
+) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) of the fused kernel for one launch."""
+    return config_from_table(TUNED_CONFIGS, head_dim, d_state, state_dtype, batch_heads, group_rows)
 
 
 @dataclass
@@ -131,7 +147,8 @@ def _mamba2_decode_kernel(
     NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NORM_BLOCK: tl.constexpr,
+    TILES_BLOCK: tl.constexpr,
+    GROUP_BLOCK: tl.constexpr,
 ):
     tile = tl.program_id(0)
     n_tiles = tl.num_programs(0)
@@ -238,26 +255,72 @@ def _mamba2_decode_kernel(
         _conv_shift(b_st, cs_t, b_w1, b_w2, b_new, bc_ok, WIDTH)
         _conv_shift(c_st, cs_t, c_w1, c_w2, c_new, bc_ok, WIDTH)
         if NORM:
-            # Other programs' stores: read from L2 (.cg), never a stale L1 line.
-            first_tile = b * n_tiles + g * tiles_per_group
-            sq = tl.zeros([NORM_BLOCK], dtype=tl.float32)
-            for t0 in range(0, tiles_per_group, NORM_BLOCK):
-                t = t0 + tl.arange(0, NORM_BLOCK)
-                sq += tl.load(
-                    partials_ptr + first_tile + t,
-                    mask=t < tiles_per_group,
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
+            # The group's partial sums and rows are loaded together (one round trip), from
+            # L2 (.cg): other programs stored them, a stale L1 line must not answer.
+            t = tl.arange(0, TILES_BLOCK)
+            sq = tl.load(
+                partials_ptr + b * n_tiles + g * tiles_per_group + t,
+                mask=t < tiles_per_group,
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            c = tl.arange(0, GROUP_BLOCK)
+            c_ok = c < group_rows
+            c += g * group_rows
+            v = tl.load(out_row + c, mask=c_ok, other=0.0, cache_modifier=".cg")
+            w = tl.load(norm_w_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / group_rows + eps)
-            for c0 in range(0, group_rows, NORM_BLOCK):
-                c = c0 + tl.arange(0, NORM_BLOCK)
-                ok = c < group_rows
-                c += g * group_rows
-                v = tl.load(out_row + c, mask=ok, other=0.0, cache_modifier=".cg")
-                w = tl.load(norm_w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-                tl.store(out_row + c, (v.to(tl.float32) * rstd * w).to(v.dtype), mask=ok)
+            tl.store(out_row + c, (v.to(tl.float32) * rstd * w).to(v.dtype), mask=c_ok)
         tl.store(counter, 0)
+
+
+def _three_steps(
+    conv_update,
+    state_update,
+    group_norm,
+    xbc,
+    dt,
+    z,
+    conv_state,
+    conv_weight,
+    conv_bias,
+    ssm_state,
+    A,
+    D,
+    dt_bias,
+    norm_weight,
+    eps,
+    state_slots,
+    null_slot,
+    out,
+) -> torch.Tensor:
+    """conv update -> state update with gate -> group norm, with the given three functions
+    (this folder's kernels, or their references)."""
+    batch = xbc.shape[0]
+    _, nheads, head_dim, d_state = ssm_state.shape
+    inner = nheads * head_dim
+    ngroups = (xbc.shape[1] - inner) // (2 * d_state)
+    conv = conv_update(xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot)
+    x, B, C = torch.split(conv, [inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    if out is None:
+        out = torch.empty_like(z)
+    state_update(
+        ssm_state,
+        x.reshape(batch, nheads, head_dim),
+        dt,
+        A,
+        B.reshape(batch, ngroups, d_state),
+        C.reshape(batch, ngroups, d_state),
+        D,
+        dt_bias,
+        z.reshape(batch, nheads, head_dim),
+        state_slots,
+        null_slot,
+        out.view(batch, nheads, head_dim),
+    )
+    if norm_weight is not None:
+        group_norm(out, norm_weight, inner // ngroups, eps, out=out)
+    return out
 
 
 def mamba2_decode_ref(
@@ -280,32 +343,26 @@ def mamba2_decode_ref(
 ) -> torch.Tensor:
     """The three references composed, same signature and effects (the CPU path and the test
     oracle); ``workspace`` is not used."""
-    batch = xbc.shape[0]
-    _, nheads, head_dim, d_state = ssm_state.shape
-    inner = nheads * head_dim
-    ngroups = (xbc.shape[1] - inner) // (2 * d_state)
-    conv = causal_conv1d_update_ref(
-        xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot
-    )
-    x, B, C = torch.split(conv, [inner, ngroups * d_state, ngroups * d_state], dim=-1)
-    y = selective_state_update_ref(
-        ssm_state,
-        x.reshape(batch, nheads, head_dim),
+    return _three_steps(
+        causal_conv1d_update_ref,
+        selective_state_update_ref,
+        group_rms_norm_ref,
+        xbc,
         dt,
+        z,
+        conv_state,
+        conv_weight,
+        conv_bias,
+        ssm_state,
         A,
-        B.reshape(batch, ngroups, d_state),
-        C.reshape(batch, ngroups, d_state),
         D,
         dt_bias,
-        z.reshape(batch, nheads, head_dim),
+        norm_weight,
+        eps,
         state_slots,
         null_slot,
-    ).view(batch, inner)
-    if norm_weight is not None:
-        y = group_rms_norm_ref(y, norm_weight, inner // ngroups, eps)
-    if out is None:
-        return y
-    return out.copy_(y)
+        out,
+    )
 
 
 def _check(
@@ -362,11 +419,13 @@ def mamba2_decode(
     null_slot: int = -1,
     out: torch.Tensor | None = None,
     config: tuple[int, int] | None = None,
+    fuse: bool | None = None,
 ) -> torch.Tensor:
     """Advances both states of every sequence by one token in place and returns ``out``
     (batch, nheads * head_dim): normalised when ``norm_weight`` is given, else gated y.
-    ``workspace`` is required on the Triton path; ``config`` = (BLOCK_M, num_warps) overrides
-    the state update's tuned launch configuration."""
+    ``fuse``: one launch (True), the three kernels of this folder (False), or whichever is
+    faster at this batch (None: fused up to FUSED_MAX_BATCH_HEADS). The one launch needs
+    ``workspace``; ``config`` = (BLOCK_M, num_warps) overrides its tuned configuration."""
     ngroups, width = _check(
         xbc,
         dt,
@@ -397,38 +456,55 @@ def mamba2_decode(
             f"config BLOCK_M={block_m} must be >= {MIN_BLOCK_M} and divide heads per group "
             f"x head_dim = {group_rows}"
         )
-    if not use_triton(xbc):
-        return mamba2_decode_ref(
-            xbc,
-            dt,
-            z,
-            conv_state,
-            conv_weight,
-            conv_bias,
-            ssm_state,
-            A,
-            D,
-            dt_bias,
-            norm_weight,
-            eps,
-            None,
-            state_slots,
-            null_slot,
-            out,
-        )
-    if workspace is None:
-        raise ValueError("workspace must be a DecodeWorkspace on the Triton path, got None")
+    if fuse is None:
+        fuse = batch * nheads <= FUSED_MAX_BATCH_HEADS
     n_tiles = inner // block_m
+    on_triton = use_triton(xbc)
     if (
-        workspace.counters.numel() < batch * ngroups
-        or workspace.partial_sums.numel() < batch * n_tiles
-        or workspace.counters.device != xbc.device
-    ):
-        raise ValueError(
-            f"workspace holds {workspace.counters.numel()} counters and "
-            f"{workspace.partial_sums.numel()} partial sums on {workspace.counters.device}; "
-            f"this call needs {batch * ngroups} and {batch * n_tiles} on {xbc.device}"
+        on_triton
+        and fuse
+        and (
+            workspace is None
+            or workspace.counters.numel() < batch * ngroups
+            or workspace.partial_sums.numel() < batch * n_tiles
+            or workspace.counters.device != xbc.device
         )
+    ):
+        have = (
+            "None"
+            if workspace is None
+            else (
+                f"{workspace.counters.numel()} counters and {workspace.partial_sums.numel()} "
+                f"partial sums on {workspace.counters.device}"
+            )
+        )
+        raise ValueError(
+            f"workspace holds {have}; the fused launch needs a DecodeWorkspace with "
+            f"{batch * ngroups} and {batch * n_tiles} on {xbc.device}"
+        )
+    args = (
+        xbc,
+        dt,
+        z,
+        conv_state,
+        conv_weight,
+        conv_bias,
+        ssm_state,
+        A,
+        D,
+        dt_bias,
+        norm_weight,
+        eps,
+        state_slots,
+        null_slot,
+        out,
+    )
+    if not on_triton:
+        return _three_steps(
+            causal_conv1d_update_ref, selective_state_update_ref, group_rms_norm_ref, *args
+        )
+    if not fuse:
+        return _three_steps(causal_conv1d_update, selective_state_update, group_rms_norm, *args)
     if batch == 0:
         return out
     _mamba2_decode_kernel[(n_tiles, batch)](
@@ -472,7 +548,8 @@ def mamba2_decode(
         NORM=norm_weight is not None,
         BLOCK_M=block_m,
         BLOCK_N=triton.next_power_of_2(d_state),
-        NORM_BLOCK=_NORM_BLOCK,
+        TILES_BLOCK=triton.next_power_of_2(n_tiles // ngroups),
+        GROUP_BLOCK=triton.next_power_of_2(group_rows),
         num_warps=num_warps,
     )
     return out

@@ -71,19 +71,32 @@ def _default_config(d_state: int, state_bytes: int) -> tuple[int, int]:
     return max(4, min(64, 8192 // (block_n * state_bytes))), 4
 
 
+def config_from_table(
+    table: dict[tuple[int, int, int], list[tuple[int, int, int]]],
+    head_dim: int,
+    d_state: int,
+    state_dtype: torch.dtype,
+    batch_heads: int,
+    group_rows: int,
+) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) from a table keyed like TUNED_CONFIGS; ``group_rows`` = heads per
+    group x head_dim (a tile never spans two groups)."""
+    state_bytes = state_dtype.itemsize
+    block_m, warps = _default_config(d_state, state_bytes)
+    for max_bh, tuned_m, tuned_warps in table.get((head_dim, d_state, state_bytes), []):
+        if batch_heads <= max_bh:
+            block_m, warps = tuned_m, tuned_warps
+            break
+    return _largest_tile(block_m, group_rows), warps
+
+
 # Cached: eager and mixed prefill/decode steps call it per Mamba layer (CUDA graphs do not).
 @functools.cache
 def launch_config(
     head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int, group_rows: int
 ) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) for one launch; ``group_rows`` = heads per group x head_dim."""
-    state_bytes = state_dtype.itemsize
-    block_m, warps = _default_config(d_state, state_bytes)
-    for max_bh, tuned_m, tuned_warps in TUNED_CONFIGS.get((head_dim, d_state, state_bytes), []):
-        if batch_heads <= max_bh:
-            block_m, warps = tuned_m, tuned_warps
-            break
-    return _largest_tile(block_m, group_rows), warps
+    """(BLOCK_M, num_warps) of this kernel for one launch."""
+    return config_from_table(TUNED_CONFIGS, head_dim, d_state, state_dtype, batch_heads, group_rows)
 
 
 @triton.jit
