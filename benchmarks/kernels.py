@@ -13,6 +13,7 @@ launch-config sweep of the state update, the conv update and the fused decode ta
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import math
@@ -280,16 +281,13 @@ FUSED_TUNE_MAX = 32
 def use_tables(path: Path) -> None:
     """Runs the comparison with the tables a --tune JSON gives instead of the ones in the
     kernel modules (to see a sweep's effect before pasting it)."""
-    from vllm_nemotron_h.kernels import causal_conv1d_update as conv_mod
-    from vllm_nemotron_h.kernels import mamba2_decode as fused_mod
-    from vllm_nemotron_h.kernels import selective_state_update as ssu_mod
-
-    modules = {"selective_state_update": ssu_mod, "mamba2_decode": fused_mod}
+    # The modules, not the functions of the same names the package exports.
+    mod = lambda name: importlib.import_module(f"vllm_nemotron_h.kernels.{name}")  # noqa: E731
     for key, table in tuned_tables(json.loads(path.read_text())).items():
         if key == "causal_conv1d_update":
-            conv_mod.TUNED_CONFIGS[:] = table
+            mod(key).TUNED_CONFIGS[:] = table
         else:
-            modules[key[0]].TUNED_CONFIGS[key[1:]] = table
+            mod(key[0]).TUNED_CONFIGS[key[1:]] = table
         print("using", key, table, flush=True)
 
 

@@ -65,14 +65,25 @@ from vllm_nemotron_h.kernels.selective_state_update import (
     selective_state_update_ref,
 )
 
+_BIG = 1 << 62
 # The smallest tile the workspace is sized for: one partial sum per MIN_BLOCK_M rows.
 MIN_BLOCK_M = 4
 # Up to this many batch x heads the one launch beats the three kernels of this folder in a
-# row; above it their tail runs instead (benchmarks/kernels.py on the H100, NOTES.md).
-FUSED_MAX_BATCH_HEADS = 1 << 62
+# row; above it their tail runs instead. benchmarks/kernels.py on the H100 (NOTES.md): the one
+# launch is 1.2-1.4x faster at batch 1 and 1.0-1.2x at batch 8 (128 and 64 heads), 0.94-1.0x
+# from batch 32 on, where its per-program arrival (barrier, atomic) and the group's B and C
+# windows every program convolves cost more than two launches.
+FUSED_MAX_BATCH_HEADS = 1024
 # (head_dim, d_state, state bytes) -> [(max batch*nheads, BLOCK_M, num_warps)], as in
-# selective_state_update.TUNED_CONFIGS; shapes not listed take the state update's default.
-TUNED_CONFIGS: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+# selective_state_update.TUNED_CONFIGS: the sweep of `kernels.py --tune mamba2_decode` on the
+# H100 at batch 1, 8, 32 (benchmarks/results/kernel-tuning-fused-h100.json) as
+# `kernels.py --tables` derives it.
+TUNED_CONFIGS: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {
+    (64, 128, 4): [(128, 16, 4), (512, 32, 1), (2048, 64, 2), (_BIG, 128, 4)],
+    (64, 128, 2): [(64, 32, 4), (128, 128, 4), (512, 64, 2), (_BIG, 128, 4)],
+    (80, 128, 4): [(128, 16, 4), (_BIG, 64, 2)],
+    (80, 128, 2): [(_BIG, 128, 4)],
+}
 
 
 @functools.cache
