@@ -7,6 +7,7 @@ launch-config sweep of the state update, the conv update and the fused decode ta
 (kernel-tuning-<gpu>.json, or a file of --tune-out) instead of the comparison.
 
     python benchmarks/kernels.py [--models M,..] [--tune [KERNEL,..] [--quick]]
+    python benchmarks/kernels.py --compare selective_state_update --batches 1,128 --output F
     python benchmarks/kernels.py --tables benchmarks/results/kernel-tuning-h100.json
 """
 
@@ -394,6 +395,11 @@ def main() -> None:
         "--tables", type=Path, help="print the TUNED_CONFIGS tables of a --tune JSON and exit"
     )
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
+    # A subset of the comparison (a re-check of a few points): write it with --output.
+    ap.add_argument("--compare", default="selective_state_update,conv_and_norm,decode_tail")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--state-dtypes", default="float32,bfloat16")
+    ap.add_argument("--output", type=Path, help="comparison JSON (default kernels-<gpu>.json)")
     args = ap.parse_args()
     if args.tables:
         for key, table in tuned_tables(json.loads(args.tables.read_text())).items():
@@ -416,6 +422,9 @@ def main() -> None:
     import vllm
 
     rows = []
+    compare = args.compare.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    state_dtypes = [getattr(torch, d) for d in args.state_dtypes.split(",")]
 
     def record(kernel, model, sdt, batch, ours_us, vllm_us, nbytes_ours, nbytes_vllm):
         row = dict(
@@ -438,7 +447,9 @@ def main() -> None:
 
     for model in models:
         sh = shape_of(model)
-        for sdt, batch in itertools.product((torch.float32, torch.bfloat16), BATCHES):
+        for sdt, batch in itertools.product(state_dtypes, batches):
+            if "selective_state_update" not in compare:
+                break
             name = str(sdt)[6:]
             nb = ssu_bytes(sh, batch, sdt, True)
             record(
@@ -451,7 +462,7 @@ def main() -> None:
                 nb,
                 nb,
             )
-        for batch in BATCHES:
+        for batch in batches if "conv_and_norm" in compare else ():
             nb = conv_bytes(sh, batch)
             record(
                 "causal_conv1d_update",
@@ -475,7 +486,9 @@ def main() -> None:
                 nb,
             )
         # The decode tail of one Mamba layer: conv -> state update -> norm.
-        for sdt, batch in itertools.product((torch.float32, torch.bfloat16), BATCHES):
+        for sdt, batch in itertools.product(state_dtypes, batches):
+            if "decode_tail" not in compare:
+                break
             name = str(sdt)[6:]
 
             def tail(ours: bool):
@@ -528,9 +541,9 @@ def main() -> None:
         date=time.strftime("%Y-%m-%d"),
         roofline_GBps=round(roof / 1e9, 1),
     )
-    out = RESULTS / f"kernels-{tag}.json"
+    out = args.output or RESULTS / f"kernels-{tag}.json"
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    plot(rows, RESULTS / f"kernels-{tag}.png", meta)
+    plot(rows, out.with_suffix(".png"), meta)
     print("wrote", out)
 
 

@@ -28,6 +28,7 @@ from e2e import PROMPT_LEN, RESULTS, build_llm, random_prompts, run_impl
 
 # First match wins; names are CUDA kernel names (or aten op names on CPU).
 CATEGORIES = [
+    ("Mamba decode tail (fused: conv, state update, norm)", r"mamba2_decode"),
     ("Mamba state update", r"selective_state_update|selective_scan_update"),
     ("Mamba conv", r"causal_conv1d"),
     (

@@ -100,15 +100,13 @@ def launch_config(
 
 
 @triton.jit
-def _state_step(s, x, Bv, Cv, dt, A, D):
+def _state_step(s, x, Bv, dt, A):
     """One token of the recurrence for a tile of rows, in fp32: ``s`` (rows, d_state) the old
-    state, ``x``, ``dt`` (dt + dt_bias, before softplus), ``A``, ``D`` per row, ``Bv``, ``Cv``
-    (d_state,). Returns (new state, y before the gate)."""
+    state, ``x``, ``dt`` (dt + dt_bias, before softplus) and ``A`` per row, ``Bv`` (d_state,).
+    Returns the new state; callers store it before they reduce y = s . C + D x."""
     dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)  # softplus
     decay = tl.exp(A * dt)
-    s = s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]
-    y = tl.sum(s * Cv[None, :], axis=1) + D * x
-    return s, y
+    return s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]
 
 
 @triton.jit
@@ -184,8 +182,9 @@ def _selective_state_update_kernel(
     A = tl.load(A_ptr + h)
     D = tl.load(D_ptr + h)
 
-    s, y = _state_step(s, x, Bv, Cv, dt, A, D)
+    s = _state_step(s, x, Bv, dt, A)
     tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+    y = tl.sum(s * Cv[None, :], axis=1) + D * x
     if HAS_Z:
         y = y * z * tl.sigmoid(z)
     y = tl.where(live, y, 0.0)

@@ -2,13 +2,15 @@
 shapes) with the conv + SSM + gate + norm part replaced.
 
 Per step, inside vLLM's ``vllm::mamba_mixer2`` op (a CUDA-graph split point):
-    prefill rows: vLLM's causal_conv1d_fn and chunked scan (CPU ops on CPU), gated by z
+    prefill rows: vLLM's causal_conv1d_fn and chunked scan (CPU ops on CPU), ungated
     decode rows:  mamba2_decode: conv update -> state update (softplus, A, D, silu(z) in
                   fp32 registers) -> group norm in one launch, through the int64 state slots
                   of ``state_slots``
-    prefill rows: group_rms_norm (no gate left to apply, no rstd stored); all rows when the
-                  norm's one group spans tensor-parallel ranks (its sum of squares is
-                  all-reduced, so the decode kernel leaves it out)
+    prefill rows: group_rms_norm with the silu(z) gate (no rstd stored): vLLM's scan with
+                  z took 5x longer than without (807 vs 155 us per 128-token prefill of
+                  Nemotron-H 8B on the H100, step_profile.py); decode rows too when the norm's
+                  one group spans tensor-parallel ranks (its sum of squares is all-reduced, so
+                  the decode kernel leaves it out)
 """
 
 from __future__ import annotations
@@ -92,7 +94,6 @@ class PluginMambaMixer2(MambaMixer2):
                 metadata,
                 xbc[n_dec:],
                 dt[n_dec:],
-                gate[n_dec:],
                 output[n_dec:n_all],
                 conv_state,
                 ssm_state,
@@ -107,9 +108,12 @@ class PluginMambaMixer2(MambaMixer2):
                 conv_state,
                 ssm_state,
             )
-        self._norm_in_place(output[0 if self.norm_spans_ranks else n_dec : n_all])
+        if self.norm_spans_ranks and n_dec > 0:
+            self._norm_in_place(output[:n_dec])  # gated in the decode kernel already
+        if metadata.num_prefills > 0:
+            self._norm_in_place(output[n_dec:n_all], gate[n_dec:])
 
-    def _prefill(self, md, xbc, dt, gate, out, conv_state, ssm_state) -> None:
+    def _prefill(self, md, xbc, dt, out, conv_state, ssm_state) -> None:
         n = xbc.shape[0]
         xbc_t = xbc.transpose(0, 1)
         checkpoint_idx, checkpoint_meta = prefill_checkpoint(md)
@@ -140,7 +144,6 @@ class PluginMambaMixer2(MambaMixer2):
             B,
             C,
             dt,
-            gate,
             out,
             initial_states,
             ssm_state.dtype,
@@ -171,9 +174,9 @@ class PluginMambaMixer2(MambaMixer2):
         ssm_state[md.state_indices_tensor_p] = final_states
 
     def _scan(
-        self, md, x, B, C, dt, gate, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
+        self, md, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
     ) -> torch.Tensor:
-        """vLLM's chunked scan (its CPU op on CPU); gated by ``gate`` when given."""
+        """vLLM's chunked scan (its CPU op on CPU), without the gate."""
         n = x.shape[0]
         seq_idx, cu_chunk_seqlens, last_chunk_indices = chunks
         return mamba_chunk_scan_combined_varlen(
@@ -184,9 +187,6 @@ class PluginMambaMixer2(MambaMixer2):
             C.view(n, self.tped_groups, -1),
             chunk_size=md.chunk_size,
             D=self.D,
-            # A strided view: the scan reads z through its strides (a copy cost ~8 ms of a
-            # 128 x 128-token prefill of Nemotron-H 8B on the H100, step_profile.py).
-            z=None if gate is None else gate.view(n, self.tped_heads, self.head_dim),
             dt_bias=self.dt_bias,
             seq_idx=seq_idx,
             cu_seqlens=cu_seqlens,
@@ -221,7 +221,6 @@ class PluginMambaMixer2(MambaMixer2):
             B[tokens],
             C[tokens],
             dt[tokens],
-            None,
             scratch,
             init,
             state_dtype,
@@ -252,12 +251,15 @@ class PluginMambaMixer2(MambaMixer2):
             out=out,
         )
 
-    def _norm_in_place(self, y: torch.Tensor) -> None:
+    def _norm_in_place(self, y: torch.Tensor, gate: torch.Tensor | None = None) -> None:
+        """Group RMSNorm of ``y`` in place, gated by silu(``gate``) first when given."""
         eps = self.norm.variance_epsilon
         if not self.norm_spans_ranks:
-            group_rms_norm(y, self.norm.weight, self.group_size, eps, out=y)
+            group_rms_norm(y, self.norm.weight, self.group_size, eps, z=gate, out=y)
             return
         yf = y.float()
+        if gate is not None:
+            yf = yf * torch.nn.functional.silu(gate.float())
         sum_sq = tensor_model_parallel_all_reduce(yf.pow(2).sum(-1, keepdim=True))
         rstd = torch.rsqrt(sum_sq / (y.shape[-1] * self.tp_size) + eps)
         y.copy_(yf * rstd * self.norm.weight.float())
