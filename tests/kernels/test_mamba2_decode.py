@@ -117,6 +117,17 @@ def test_activation_dtypes(device, act):
     check(device, (4, 80, 16, 2), 2, torch.float32, act)
 
 
+def test_group_too_small_to_tile_takes_the_three_kernels():
+    """head_dim 34 with one head per group: no tile of >= 4 rows divides the group, so the
+    one launch is refused when asked for and skipped when not."""
+    shape = (2, 34, 16, 2)
+    check("cpu", shape, 2, torch.float32, torch.float32, fuse=None)
+    t = make_inputs("cpu", 2, shape, torch.float32, torch.float32)
+    ws = DecodeWorkspace.allocate(2, 2, 34, "cpu")
+    with pytest.raises(ValueError, match="BLOCK_M=2 must be >= 4"):
+        mamba2_decode(**t, workspace=ws, null_slot=0, fuse=True)
+
+
 def _cpu_interpreter_inputs():
     t = make_inputs("cpu", 2, (4, 32, 16, 2), torch.float32, torch.float32)
     return t, DecodeWorkspace.allocate(2, 4, 32, "cpu")

@@ -18,10 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_nemotron_h.kernels import (
+    DecodeWorkspace,
     causal_conv1d_update,
     causal_conv1d_update_ref,
     group_rms_norm,
     group_rms_norm_ref,
+    mamba2_decode,
     rms_norm,
     rms_norm_ref,
     selective_state_update,
@@ -43,7 +45,7 @@ KERNEL_ROW = (
 CONFIG_ROW = (
     "model configs",
     "{n} random configs (hypothesis): layer pattern, heads, n_groups, head_dim, d_state, conv "
-    "width, tensor-parallel size, Mamba cache mode, speculative tokens" + WHERE,
+    "width, conv activation, tensor-parallel size, Mamba cache mode, speculative tokens" + WHERE,
     "{refused} refused at load naming a field that is out of range; {ok} accepted, and every "
     "kernel then took the accepted config's per-rank shapes",
 )
@@ -250,6 +252,7 @@ CONFIG_BROKEN = {
     "heads": dict(mamba_num_heads=6, tensor_parallel_size=4),
     "cache_mode": dict(mamba_cache_mode="all"),
     "spec_tokens": dict(num_speculative_tokens=2),
+    "activation": dict(mamba_hidden_act="gelu"),
 }
 SUPPORTED_CONFIGS = st.fixed_dictionaries(
     dict(
@@ -262,6 +265,7 @@ SUPPORTED_CONFIGS = st.fixed_dictionaries(
         tensor_parallel_size=st.sampled_from([1, 2]),
         mamba_cache_mode=st.sampled_from(["none", "align"]),
         num_speculative_tokens=st.just(0),
+        mamba_hidden_act=st.sampled_from(["silu", "swish"]),
     )
 )
 
@@ -292,6 +296,7 @@ def test_model_config_property(fields, broken):
             ("mamba_num_heads", not mamba or heads % tp == 0),
             ("mamba_cache_mode", c.mamba_cache_mode != "all"),
             ("num_speculative_tokens", c.num_speculative_tokens == 0),
+            ("mamba_hidden_act", not mamba or c.mamba_hidden_act in ("silu", "swish")),
         ]
         if not fine
     }
@@ -310,31 +315,31 @@ def test_model_config_property(fields, broken):
 
 
 def run_mixer_kernels_at_rank_shapes(heads, groups, head_dim, d_state, conv, tp) -> None:
-    """One decode token through the conv update, state update and group norm, with the
-    shapes one tensor-parallel rank of an accepted config gets (as PluginMambaMixer2 splits
-    them: n_groups 1 is replicated on every rank and its norm all-reduced instead)."""
+    """One decode token through the mixer's decode tail (mamba2_decode: conv update, state
+    update, group norm), one launch and three kernels, with the shapes one tensor-parallel
+    rank of an accepted config gets (as PluginMambaMixer2 splits them: n_groups 1 is
+    replicated on every rank and its norm all-reduced instead, outside the kernel)."""
     heads_r = heads // tp
     groups_r = groups // tp if groups % tp == 0 else 1
-    dim = heads_r * head_dim + 2 * groups_r * d_state
-    slots = torch.tensor([1], device=DEV)
-    xbc = causal_conv1d_update(
-        rnd(1, dim), rnd(2, dim, conv - 1), rnd(dim, conv), rnd(dim), "silu", slots, null_slot=0
-    )
-    x, B, C = torch.split(xbc, [heads_r * head_dim, groups_r * d_state, groups_r * d_state], -1)
-    y = selective_state_update(
-        rnd(2, heads_r, head_dim, d_state),
-        x.reshape(1, heads_r, head_dim),
-        rnd(1, heads_r),
-        -torch.rand(heads_r, device=DEV),
-        B.reshape(1, groups_r, d_state),
-        C.reshape(1, groups_r, d_state),
-        rnd(heads_r),
-        rnd(heads_r),
-        z=rnd(1, heads_r, head_dim),
-        state_slots=slots,
-        null_slot=0,
-    )
-    if not (tp > 1 and groups == 1):  # else the mixer all-reduces the norm across ranks
-        group_size = heads * head_dim // groups
-        out = group_rms_norm(y.view(1, -1), rnd(heads_r * head_dim), group_size, 1e-5)
+    inner = heads_r * head_dim
+    dim = inner + 2 * groups_r * d_state
+    norm = None if tp > 1 and groups == 1 else rnd(inner)
+    for fuse in (None, False):
+        out = mamba2_decode(
+            rnd(1, dim),
+            rnd(1, heads_r),
+            rnd(1, inner),
+            rnd(2, dim, conv - 1),
+            rnd(dim, conv),
+            rnd(dim),
+            rnd(2, heads_r, head_dim, d_state),
+            -torch.rand(heads_r, device=DEV),
+            rnd(heads_r),
+            rnd(heads_r),
+            norm_weight=norm,
+            workspace=DecodeWorkspace.allocate(1, heads_r, head_dim, DEV),
+            state_slots=torch.tensor([1], device=DEV),
+            null_slot=0,
+            fuse=fuse,
+        )
         assert torch.isfinite(out).all()

@@ -59,6 +59,7 @@ from vllm_nemotron_h.kernels.causal_conv1d_update import (
 )
 from vllm_nemotron_h.kernels.rms_norm import group_rms_norm, group_rms_norm_ref
 from vllm_nemotron_h.kernels.selective_state_update import (
+    _plane_tile,
     _state_step,
     config_from_table,
     selective_state_update,
@@ -113,6 +114,29 @@ class DecodeWorkspace:
             torch.zeros(
                 max_batch * nheads * head_dim // MIN_BLOCK_M, dtype=torch.float32, device=device
             ),
+        )
+
+    @staticmethod
+    def check(
+        workspace: DecodeWorkspace | None, counters: int, partial_sums: int, device: torch.device
+    ) -> None:
+        """Raises ValueError unless ``workspace`` holds that many of each on ``device``."""
+        if (
+            workspace is not None
+            and workspace.counters.numel() >= counters
+            and workspace.partial_sums.numel() >= partial_sums
+            and workspace.counters.device == device
+        ):
+            return
+        have = (
+            "None"
+            if workspace is None
+            else f"{workspace.counters.numel()} counters and {workspace.partial_sums.numel()} "
+            f"partial sums on {workspace.counters.device}"
+        )
+        raise ValueError(
+            f"workspace holds {have}; the fused launch needs a DecodeWorkspace with {counters} "
+            f"and {partial_sums} on {device}"
         )
 
 
@@ -172,16 +196,10 @@ def _mamba2_decode_kernel(
     else:
         slot = b
 
-    rows = first_row + tl.arange(0, BLOCK_M)
-    h = (rows // HEAD_DIM).to(tl.int64)
-    p = rows % HEAD_DIM
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < d_state
-    # Per-element copies of the slot test (a scalar mask breaks the Triton interpreter).
-    live = (rows * 0 + slot) != null_slot
-    live_n = (cols * 0 + slot) != null_slot
-    tile_ok = live[:, None] & col_ok[None, :]
-    bc_ok = col_ok & live_n
+    rows, h, p, cols, col_ok, live, tile_ok = _plane_tile(
+        first_row, slot, null_slot, d_state, HEAD_DIM, BLOCK_M, BLOCK_N
+    )
+    bc_ok = col_ok & ((cols * 0 + slot) != null_slot)  # the group's B and C channels
 
     # Every load before the arithmetic: the state tile, the conv windows of the tile's x
     # channels and of its group's B and C channels, then the per-row values.
@@ -378,7 +396,21 @@ def mamba2_decode_ref(
 
 
 def _check(
-    xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias, norm_weight, slots
+    xbc,
+    dt,
+    z,
+    conv_state,
+    conv_weight,
+    conv_bias,
+    ssm_state,
+    A,
+    D,
+    dt_bias,
+    norm_weight,
+    eps,
+    slots,
+    null_slot,
+    out,
 ) -> tuple[int, int]:
     """Raises ValueError naming the first argument that does not fit; returns
     (ngroups, conv width)."""
@@ -410,6 +442,8 @@ def _check(
     if norm_weight is not None:
         check_tensor("norm_weight", norm_weight, (inner,), ACTIVATION_DTYPES, dev)
     check_slots(slots, batch, dev)
+    if out is not None:
+        check_tensor("out", out, (batch, inner), (xbc.dtype,), dev, True)
     return ngroups, width
 
 
@@ -438,79 +472,32 @@ def mamba2_decode(
     ``fuse``: one launch (True), the three kernels of this folder (False), or whichever is
     faster at this batch (None: fused up to FUSED_MAX_BATCH_HEADS). The one launch needs
     ``workspace``; ``config`` = (BLOCK_M, num_warps) overrides its tuned configuration."""
-    ngroups, width = _check(
-        xbc,
-        dt,
-        z,
-        conv_state,
-        conv_weight,
-        conv_bias,
-        ssm_state,
-        A,
-        D,
-        dt_bias,
-        norm_weight,
-        state_slots,
-    )
+    args = [xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias]
+    args += [norm_weight, eps, state_slots, null_slot, out]  # _three_steps' order
+    ngroups, width = _check(*args)
     batch = xbc.shape[0]
     _, nheads, head_dim, d_state = ssm_state.shape
     inner = nheads * head_dim
     group_rows = inner // ngroups
     if out is None:
-        out = torch.empty_like(z)
-    else:
-        check_tensor("out", out, (batch, inner), (xbc.dtype,), xbc.device, True)
+        out = args[-1] = torch.empty_like(z)
     block_m, num_warps = config or launch_config(
         head_dim, d_state, ssm_state.dtype, batch * nheads, group_rows
     )
-    if group_rows % block_m or block_m < MIN_BLOCK_M:
+    # A group of heads x head_dim rows without a power-of-two divisor >= MIN_BLOCK_M (e.g.
+    # head_dim 34, one head per group) cannot be tiled for the one launch.
+    tile_fits = group_rows % block_m == 0 and block_m >= MIN_BLOCK_M
+    if not tile_fits and (config is not None or fuse):
         raise ValueError(
-            f"config BLOCK_M={block_m} must be >= {MIN_BLOCK_M} and divide heads per group "
-            f"x head_dim = {group_rows}"
+            f"BLOCK_M={block_m} must be >= {MIN_BLOCK_M} and divide heads per group x head_dim "
+            f"= {group_rows} for the fused launch"
         )
     if fuse is None:
-        fuse = batch * nheads <= FUSED_MAX_BATCH_HEADS
+        fuse = tile_fits and batch * nheads <= FUSED_MAX_BATCH_HEADS
     n_tiles = inner // block_m
     on_triton = use_triton(xbc)
-    if (
-        on_triton
-        and fuse
-        and (
-            workspace is None
-            or workspace.counters.numel() < batch * ngroups
-            or workspace.partial_sums.numel() < batch * n_tiles
-            or workspace.counters.device != xbc.device
-        )
-    ):
-        have = (
-            "None"
-            if workspace is None
-            else (
-                f"{workspace.counters.numel()} counters and {workspace.partial_sums.numel()} "
-                f"partial sums on {workspace.counters.device}"
-            )
-        )
-        raise ValueError(
-            f"workspace holds {have}; the fused launch needs a DecodeWorkspace with "
-            f"{batch * ngroups} and {batch * n_tiles} on {xbc.device}"
-        )
-    args = (
-        xbc,
-        dt,
-        z,
-        conv_state,
-        conv_weight,
-        conv_bias,
-        ssm_state,
-        A,
-        D,
-        dt_bias,
-        norm_weight,
-        eps,
-        state_slots,
-        null_slot,
-        out,
-    )
+    if on_triton and fuse:
+        DecodeWorkspace.check(workspace, batch * ngroups, batch * n_tiles, xbc.device)
     if not on_triton:
         return _three_steps(
             causal_conv1d_update_ref, selective_state_update_ref, group_rms_norm_ref, *args

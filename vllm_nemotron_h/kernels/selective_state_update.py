@@ -110,6 +110,21 @@ def _state_step(s, x, Bv, dt, A):
 
 
 @triton.jit
+def _plane_tile(first_row, slot, null_slot, d_state, HEAD_DIM, BLOCK_M, BLOCK_N):
+    """A program's tile of the (head, row) plane: its rows, their head ``h`` and row ``p``,
+    the state columns, and the masks (``live``: the sequence's slot is not the null slot)."""
+    rows = first_row + tl.arange(0, BLOCK_M)
+    h = (rows // HEAD_DIM).to(tl.int64)
+    p = rows % HEAD_DIM
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < d_state
+    # Per-row copy of the slot test (a scalar mask breaks the Triton interpreter).
+    live = (rows * 0 + slot) != null_slot
+    tile_ok = live[:, None] & col_ok[None, :]
+    return rows, h, p, cols, col_ok, live, tile_ok
+
+
+@triton.jit
 def _selective_state_update_kernel(
     state_ptr,
     x_ptr,
@@ -160,14 +175,9 @@ def _selective_state_update_kernel(
     else:
         slot = b
 
-    rows = first_row + tl.arange(0, BLOCK_M)
-    h = (rows // HEAD_DIM).to(tl.int64)
-    p = rows % HEAD_DIM
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < d_state
-    # Per-row copy of the slot test (a scalar mask breaks the Triton interpreter).
-    live = (rows * 0 + slot) != null_slot
-    tile_ok = live[:, None] & col_ok[None, :]
+    rows, h, p, cols, col_ok, live, tile_ok = _plane_tile(
+        first_row, slot, null_slot, d_state, HEAD_DIM, BLOCK_M, BLOCK_N
+    )
 
     # Issue every load before the arithmetic that needs it.
     row_offsets = h * s_head + p * s_dim
