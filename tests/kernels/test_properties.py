@@ -24,6 +24,7 @@ from vllm_nemotron_h.kernels import (
     group_rms_norm,
     group_rms_norm_ref,
     mamba2_decode,
+    mamba2_decode_ref,
     rms_norm,
     rms_norm_ref,
     selective_state_update,
@@ -179,6 +180,77 @@ def test_causal_conv1d_update_property(batch, dim, width, dtype, bias, act, brok
     if batch:
         assert rel_err(out, ref) < TOL[dtype]
         assert rel_err(state, s_ref) < TOL[dtype]
+
+
+# One argument at a time made invalid (or none), as for the state update.
+DECODE_BROKEN = [None, None, None, None, "xbc.shape", "conv width", "norm_weight", "workspace"]
+
+
+@SETTINGS
+@given(
+    batch=st.integers(0, 3),
+    nheads=st.sampled_from([2, 4]),
+    head_dim=st.sampled_from([32, 34, 80]),
+    d_state=st.sampled_from([16, 24, 64]),
+    ngroups=st.sampled_from([1, 2]),
+    width=st.integers(2, 4),
+    state_dtype=DTYPES,
+    act=DTYPES,
+    norm=st.booleans(),
+    fuse=st.sampled_from([None, True, False]),
+    broken=st.sampled_from(DECODE_BROKEN),
+)
+def test_mamba2_decode_property(
+    batch, nheads, head_dim, d_state, ngroups, width, state_dtype, act, norm, fuse, broken
+):
+    """The mixer's decode entry point: one launch or three kernels, or a named refusal (a
+    tile of < 4 rows, as head_dim 34 with one head per group gives, refuses fuse=True)."""
+    inner = nheads * head_dim
+    conv_dim = inner + 2 * ngroups * d_state + (8 if broken == "xbc.shape" else 0)
+    w = 5 if broken == "conv width" else width
+    proj = rnd(batch, inner + conv_dim + nheads, dtype=act)  # z | xbc | dt, one row each
+    states = dict(
+        conv_state=rnd(batch + 2, conv_dim, max(w - 1, 1), dtype=act),
+        ssm_state=rnd(batch + 2, nheads, head_dim, d_state, dtype=state_dtype),
+    )
+    args = dict(
+        xbc=proj[:, inner : inner + conv_dim],
+        dt=proj[:, inner + conv_dim :],
+        z=proj[:, :inner],
+        conv_weight=rnd(conv_dim, w, dtype=act),
+        conv_bias=rnd(conv_dim, dtype=act),
+        A=-torch.rand(nheads, device=DEV),
+        D=rnd(nheads),
+        dt_bias=rnd(nheads),
+        norm_weight=rnd(inner + (4 if broken == "norm_weight" else 0), dtype=act) if norm else None,
+        state_slots=torch.randperm(batch + 1, device=DEV)[:batch] + 1,
+        null_slot=0,
+    )
+    space = 0 if broken == "workspace" else batch
+    workspace = DecodeWorkspace.allocate(space, nheads, head_dim, DEV)
+    group_rows = nheads // ngroups * head_dim
+    small_tile = group_rows % 4 != 0  # head_dim 34, one head per group: tiles of 2 rows
+    bad = [b for b in [broken] if b and (b != "norm_weight" or norm)]
+    if broken == "workspace" and (fuse is False or small_tile and not fuse or not batch):
+        bad = []  # the three kernels need no workspace; an empty batch needs no room
+    if fuse and small_tile and not bad:
+        bad = ["BLOCK_M"]
+    before = {k: v.clone() for k, v in states.items()}
+    if bad:
+        with refused("mamba2_decode", bad[0]):
+            mamba2_decode(**args, **states, workspace=workspace, fuse=fuse)
+        for k in states:
+            assert torch.equal(states[k], before[k]), "a refused call must not touch the state"
+        return
+    refs = {k: v.clone() for k, v in states.items()}
+    ref = mamba2_decode_ref(**args, **refs)
+    out = mamba2_decode(**args, **states, workspace=workspace, fuse=fuse)
+    equal("mamba2_decode")
+    if batch:
+        tol = max(TOL[act], TOL[state_dtype])
+        assert rel_err(out, ref) < tol
+        for k in states:
+            assert rel_err(states[k], refs[k]) < tol
 
 
 @SETTINGS
