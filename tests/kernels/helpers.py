@@ -16,6 +16,18 @@ DEVICES = [
 ]
 # ||out - ref|| / ||ref|| allowed per output dtype (fp32 math everywhere).
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+# The Triton interpreter rounds fp32 -> bf16 by truncation, not to nearest even as the GPU and
+# torch do (half of 4,096 random values came out one bf16 step apart, up to 0.8 %). A kernel
+# that rounds intermediates to bf16 (the fused decode tail rounds the conv output) then drifts
+# from the reference by up to ~2.5 % in the interpreter (seen over 60 random cases).
+INTERPRETER_BF16_TOL = 5e-2
+
+
+def tolerance(act: torch.dtype, state_dtype: torch.dtype, device: str) -> float:
+    """What a kernel with bf16-rounded intermediates may differ from its reference by."""
+    if act == torch.bfloat16 and device == "cpu":
+        return INTERPRETER_BF16_TOL
+    return max(TOL[act], TOL[state_dtype])
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
