@@ -191,13 +191,8 @@ def _mamba2_decode_kernel(
     first_row = tile * BLOCK_M
     g = first_row // group_rows  # BLOCK_M divides group_rows: one group per program
     inner = n_tiles * BLOCK_M  # nheads * head_dim: x channels come first in xbc
-    if HAS_SLOTS:
-        slot = tl.load(slots_ptr + b)
-    else:
-        slot = b
-
-    rows, h, p, cols, col_ok, live, tile_ok = _plane_tile(
-        first_row, slot, null_slot, d_state, HEAD_DIM, BLOCK_M, BLOCK_N
+    slot, rows, h, p, cols, col_ok, live, tile_ok = _plane_tile(
+        slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS, BLOCK_M, BLOCK_N
     )
     bc_ok = col_ok & ((cols * 0 + slot) != null_slot)  # the group's B and C channels
 

@@ -110,9 +110,14 @@ def _state_step(s, x, Bv, dt, A):
 
 
 @triton.jit
-def _plane_tile(first_row, slot, null_slot, d_state, HEAD_DIM, BLOCK_M, BLOCK_N):
-    """A program's tile of the (head, row) plane: its rows, their head ``h`` and row ``p``,
-    the state columns, and the masks (``live``: the sequence's slot is not the null slot)."""
+def _plane_tile(slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS, BLOCK_M, BLOCK_N):
+    """A program's tile of the (head, row) plane of sequence ``b``: its state slot, its rows,
+    their head ``h`` and row ``p``, the state columns, and the masks (``live``: the slot is not
+    the null slot)."""
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + b)
+    else:
+        slot = b
     rows = first_row + tl.arange(0, BLOCK_M)
     h = (rows // HEAD_DIM).to(tl.int64)
     p = rows % HEAD_DIM
@@ -121,7 +126,7 @@ def _plane_tile(first_row, slot, null_slot, d_state, HEAD_DIM, BLOCK_M, BLOCK_N)
     # Per-row copy of the slot test (a scalar mask breaks the Triton interpreter).
     live = (rows * 0 + slot) != null_slot
     tile_ok = live[:, None] & col_ok[None, :]
-    return rows, h, p, cols, col_ok, live, tile_ok
+    return slot, rows, h, p, cols, col_ok, live, tile_ok
 
 
 @triton.jit
@@ -169,14 +174,8 @@ def _selective_state_update_kernel(
     first_row = tl.program_id(0) * BLOCK_M
     b = tl.program_id(1).to(tl.int64)
     g = first_row // group_rows  # BLOCK_M divides group_rows: one group per program
-
-    if HAS_SLOTS:
-        slot = tl.load(slots_ptr + b)
-    else:
-        slot = b
-
-    rows, h, p, cols, col_ok, live, tile_ok = _plane_tile(
-        first_row, slot, null_slot, d_state, HEAD_DIM, BLOCK_M, BLOCK_N
+    slot, rows, h, p, cols, col_ok, live, tile_ok = _plane_tile(
+        slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS, BLOCK_M, BLOCK_N
     )
 
     # Issue every load before the arithmetic that needs it.
