@@ -2,15 +2,15 @@
 shapes) with the conv + SSM + gate + norm part replaced.
 
 Per step, inside vLLM's ``vllm::mamba_mixer2`` op (a CUDA-graph split point):
-    prefill rows: vLLM's causal_conv1d_fn and chunked scan (CPU ops on CPU), ungated
-    decode rows:  mamba2_decode: conv update -> state update (softplus, A, D, silu(z) in
-                  fp32 registers) -> group norm in one launch, through the int64 state slots
-                  of ``state_slots``
-    prefill rows: group_rms_norm with the silu(z) gate (no rstd stored): vLLM's scan with
-                  z took 5x longer than without (807 vs 155 us per 128-token prefill of
-                  Nemotron-H 8B on the H100, step_profile.py); decode rows too when the norm's
-                  one group spans tensor-parallel ranks (its sum of squares is all-reduced, so
-                  the decode kernel leaves it out)
+    prefill rows: vLLM's causal_conv1d_fn and chunked scan, without the gate (CPU ops on CPU),
+                  then group_rms_norm with the silu(z) gate, no rstd stored (vLLM's scan with
+                  z took 5x longer: 807 vs 155 us per 128-token prefill of Nemotron-H 8B on
+                  the H100, step_profile.py)
+    decode rows:  mamba2_decode: conv update -> state update (softplus, A, D, silu(z) in fp32
+                  registers) -> group norm, in one launch up to batch x heads 1024 and as
+                  three kernels above, through the int64 state slots of ``state_slots``
+    When the norm's one group spans tensor-parallel ranks, the decode kernel leaves the norm
+    out and all rows are normalised here with an all-reduced sum of squares.
 """
 
 from __future__ import annotations
