@@ -211,6 +211,26 @@ def causal_conv1d_update(
         return causal_conv1d_update_ref(
             x, conv_state, weight, bias, activation, state_slots, null_slot, out
         )
+    return launch_causal_conv1d_update(
+        x, conv_state, weight, bias, activation, state_slots, null_slot, out, config
+    )
+
+
+def launch_causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    state_slots: torch.Tensor | None,
+    null_slot: int,
+    out: torch.Tensor,
+    config: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """The Triton launch of ``causal_conv1d_update`` without its argument checks, for a
+    caller that has checked the same arguments already (``mamba2_decode``)."""
+    batch, dim = x.shape
+    width = weight.shape[1]
     if batch == 0:
         return out
     block_d, num_warps = config or launch_config(batch * dim)

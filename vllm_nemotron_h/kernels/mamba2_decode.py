@@ -54,15 +54,15 @@ from vllm_nemotron_h.kernels._common import (
 from vllm_nemotron_h.kernels.causal_conv1d_update import (
     _conv_shift,
     _conv_window,
-    causal_conv1d_update,
     causal_conv1d_update_ref,
+    launch_causal_conv1d_update,
 )
-from vllm_nemotron_h.kernels.rms_norm import group_rms_norm, group_rms_norm_ref
+from vllm_nemotron_h.kernels.rms_norm import group_rms_norm_ref, launch_group_rms_norm
 from vllm_nemotron_h.kernels.selective_state_update import (
     _plane_tile,
     _state_step,
     config_from_table,
-    selective_state_update,
+    launch_selective_state_update,
     selective_state_update_ref,
 )
 
@@ -325,7 +325,8 @@ def _three_steps(
     _, nheads, head_dim, d_state = ssm_state.shape
     inner = nheads * head_dim
     ngroups = (xbc.shape[1] - inner) // (2 * d_state)
-    conv = conv_update(xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot)
+    conv = torch.empty(xbc.shape, dtype=xbc.dtype, device=xbc.device)
+    conv_update(xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot, conv)
     x, B, C = torch.split(conv, [inner, ngroups * d_state, ngroups * d_state], dim=-1)
     if out is None:
         out = torch.empty_like(z)
@@ -497,8 +498,13 @@ def mamba2_decode(
         return _three_steps(
             causal_conv1d_update_ref, selective_state_update_ref, group_rms_norm_ref, *args
         )
-    if not fuse:
-        return _three_steps(causal_conv1d_update, selective_state_update, group_rms_norm, *args)
+    if not fuse:  # the three launches: _check covered what their own checks would
+        return _three_steps(
+            launch_causal_conv1d_update,
+            launch_selective_state_update,
+            launch_group_rms_norm,
+            *args,
+        )
     if batch == 0:
         return out
     _mamba2_decode_kernel[(n_tiles, batch)](

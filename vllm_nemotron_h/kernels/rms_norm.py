@@ -180,6 +180,20 @@ def group_rms_norm(
             raise ValueError(f"out must have x's dtype {x.dtype}, got {out.dtype}")
     if not use_triton(x):
         return group_rms_norm_ref(x, weight, group_size, eps, z, out)
+    return launch_group_rms_norm(x, weight, group_size, eps, z, out)
+
+
+def launch_group_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    group_size: int,
+    eps: float,
+    z: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The Triton launch of ``group_rms_norm`` without its argument checks, for a caller
+    that has checked the same arguments already (``mamba2_decode``)."""
+    hidden = x.shape[1]
     if out is None:
         out = torch.empty_like(x)
     if x.shape[0]:

@@ -291,6 +291,30 @@ def selective_state_update(
         return selective_state_update_ref(
             state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out
         )
+    return launch_selective_state_update(
+        state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out, config
+    )
+
+
+def launch_selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    z: torch.Tensor | None,
+    state_slots: torch.Tensor | None,
+    null_slot: int,
+    out: torch.Tensor,
+    config: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """The Triton launch of ``selective_state_update`` without its argument checks, for a
+    caller that has checked the same arguments already (``mamba2_decode``)."""
+    batch, nheads, head_dim = x.shape
+    group_rows = nheads // B.shape[1] * head_dim
     if batch == 0:
         return out
     d_state = state.shape[-1]
