@@ -29,8 +29,10 @@ from vllm_nemotron_h.checkpoints import REAL_SHAPES
 from vllm_nemotron_h.kernels import (
     DecodeWorkspace,
     causal_conv1d_update,
+    gather_state_slots,
     group_rms_norm,
     mamba2_decode,
+    scatter_state_slots,
     selective_state_update,
 )
 
@@ -264,6 +266,41 @@ def ours_fused(t, sh, norm: bool, config=None):
     )
 
 
+def slot_copy_inputs(sh: dict, batch: int, state_dtype) -> dict:
+    """A prefill's final states and a state cache with spare slots; every row has an
+    initial state (the gather's worst case)."""
+    per_slot = (sh["heads"], sh["head_dim"], sh["d_state"])
+    state = torch.randn(batch + 8, *per_slot, device="cuda").to(state_dtype)
+    return dict(
+        state=state,
+        slots=torch.randperm(batch + 8, device="cuda")[:batch].to(torch.int32),
+        values=torch.randn(batch, *per_slot, device="cuda").to(state_dtype),
+        has_initial=torch.ones(batch, dtype=torch.bool, device="cuda"),
+    )
+
+
+def slot_copy_bytes(sh: dict, batch: int, state_dtype) -> int:
+    return 2 * batch * sh["heads"] * sh["head_dim"] * sh["d_state"] * state_dtype.itemsize
+
+
+def ours_scatter(t):
+    return lambda: scatter_state_slots(t["state"], t["slots"], t["values"])
+
+
+def ours_gather(t):
+    return lambda: gather_state_slots(t["state"], t["slots"], t["has_initial"])
+
+
+def vllm_scatter(t):
+    # What vLLM's MambaMixer2 does with a prefill's final states (and the plugin did before).
+    return lambda: t["state"].__setitem__(t["slots"], t["values"])
+
+
+def vllm_gather(t):
+    flags = t["has_initial"][:, None, None, None]
+    return lambda: torch.where(flags, t["state"][t["slots"]], 0)
+
+
 def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) -> None:
     """Times every config, appends one row per config and prints the winner."""
     timed = []
@@ -396,7 +433,9 @@ def main() -> None:
     )
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
     # A subset of the comparison (a re-check of a few points): write it with --output.
-    ap.add_argument("--compare", default="selective_state_update,conv_and_norm,decode_tail")
+    ap.add_argument(
+        "--compare", default="selective_state_update,conv_and_norm,decode_tail,state_slot_copy"
+    )
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--state-dtypes", default="float32,bfloat16")
     ap.add_argument("--output", type=Path, help="comparison JSON (default kernels-<gpu>.json)")
@@ -531,6 +570,21 @@ def main() -> None:
             for kernel, norm in (("decode_tail_fused_conv", False), ("decode_tail_fused", True)):
                 us = time_rotating(lambda: ours_fused(fused_inputs(sh, batch, sdt), sh, norm), nb_f)
                 record(kernel, model, name, batch, us, vllm_us, nb_f, nb_v)
+
+        # The prefill's state copies through the rows' slots (both implementations did them
+        # with PyTorch indexing before).
+        for sdt, batch in itertools.product(state_dtypes, batches):
+            if "state_slot_copy" not in compare:
+                break
+            name = str(sdt)[6:]
+            nb = slot_copy_bytes(sh, batch, sdt)
+            for kernel, ours, theirs in (
+                ("scatter_state_slots", ours_scatter, vllm_scatter),
+                ("gather_state_slots", ours_gather, vllm_gather),
+            ):
+                us_o = time_rotating(lambda: ours(slot_copy_inputs(sh, batch, sdt)), nb)
+                us_v = time_rotating(lambda: theirs(slot_copy_inputs(sh, batch, sdt)), nb)
+                record(kernel, model, name, batch, us_o, us_v, nb, nb)
 
     meta = dict(
         gpu=gpu,

@@ -19,11 +19,19 @@ from vllm_nemotron_h.kernels.selective_state_update import (
     selective_state_update,
     selective_state_update_ref,
 )
+from vllm_nemotron_h.kernels.state_slot_copy import (
+    gather_state_slots,
+    gather_state_slots_ref,
+    scatter_state_slots,
+    scatter_state_slots_ref,
+)
 
 __all__ = [
     "DecodeWorkspace",
     "causal_conv1d_update",
     "causal_conv1d_update_ref",
+    "gather_state_slots",
+    "gather_state_slots_ref",
     "group_rms_norm",
     "group_rms_norm_ref",
     "mamba2_decode",
@@ -31,5 +39,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_ref",
     "selective_state_update",
+    "scatter_state_slots",
+    "scatter_state_slots_ref",
     "selective_state_update_ref",
 ]

@@ -5,7 +5,8 @@ Per step, inside vLLM's ``vllm::mamba_mixer2`` op (a CUDA-graph split point):
     prefill rows: vLLM's causal_conv1d_fn and chunked scan, without the gate (CPU ops on CPU),
                   then group_rms_norm with the silu(z) gate, no rstd stored (vLLM's scan with
                   z took 5x longer: 807 vs 155 us per 128-token prefill of Nemotron-H 8B on
-                  the H100, step_profile.py)
+                  the H100, step_profile.py); initial and final SSM states move between
+                  the state cache and the scan through the rows' slots (state_slot_copy)
     decode rows:  mamba2_decode: conv update -> state update (softplus, A, D, silu(z) in fp32
                   registers) -> group norm, in one launch up to batch x heads 1024 and as
                   three kernels above, through the int64 state slots of ``state_slots``
@@ -29,7 +30,12 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import _encode_layer_name
 
 from vllm_nemotron_h.compat import NULL_BLOCK_ID, prefill_checkpoint, store_prefill_checkpoint
-from vllm_nemotron_h.kernels import group_rms_norm, mamba2_decode
+from vllm_nemotron_h.kernels import (
+    gather_state_slots,
+    group_rms_norm,
+    mamba2_decode,
+    scatter_state_slots,
+)
 from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, StateSlotsMetadata
 
 
@@ -131,10 +137,8 @@ class PluginMambaMixer2(MambaMixer2):
         x, B, C = self.split_hidden_states_B_C_fn(xbc)
         initial_states = None
         if md.has_initial_states_p is not None and md.prep_initial_states:
-            initial_states = torch.where(
-                md.has_initial_states_p[:, None, None, None],
-                ssm_state[md.state_indices_tensor_p],
-                0,
+            initial_states = gather_state_slots(
+                ssm_state, md.state_indices_tensor_p, md.has_initial_states_p
             )
         # vLLM's CPU scan returns only the final state of each sequence, not per chunk.
         per_chunk = checkpoint_idx is not None and xbc.is_cuda
@@ -171,7 +175,7 @@ class PluginMambaMixer2(MambaMixer2):
                 md.query_start_loc_p,
                 state_len=self.conv_kernel_size - 1,
             )
-        ssm_state[md.state_indices_tensor_p] = final_states
+        scatter_state_slots(ssm_state, md.state_indices_tensor_p, final_states)
 
     def _scan(
         self, md, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks

@@ -1,0 +1,88 @@
+import pytest
+import torch
+from helpers import DEVICES, poisoned
+
+from vllm_nemotron_h.kernels import (
+    gather_state_slots,
+    gather_state_slots_ref,
+    scatter_state_slots,
+    scatter_state_slots_ref,
+)
+
+STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def state_cache(device, num_slots, per_slot, dtype, pad=0):
+    """A state cache whose slots are contiguous but spaced ``pad`` elements apart, as vLLM's
+    views into a shared buffer can be."""
+    n = int(torch.tensor(per_slot).prod())
+    flat = torch.randn(num_slots, n + pad, device=device).to(dtype)
+    return flat[:, :n].view(num_slots, *per_slot)
+
+
+def shapes(device):
+    # (heads, head_dim, d_state): head_dim 80 and d_state 16 / 256 on CPU; the real shapes on GPU
+    return [(3, 80, 16), (2, 8, 256)] if device == "cpu" else [(128, 64, 128), (128, 80, 128)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", STATE_DTYPES)
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_gather_matches_reference(device, dtype, slot_dtype):
+    for per_slot in shapes(device):
+        state = state_cache(device, 9, per_slot, dtype, pad=24)
+        slots = torch.randperm(9, device=device)[:5].to(slot_dtype)
+        has_initial = torch.tensor([True, False, True, True, False], device=device)
+        for flags in (has_initial, None):
+            got = gather_state_slots(state, slots, flags)
+            assert got.is_contiguous()
+            assert torch.equal(got, gather_state_slots_ref(state, slots, flags))
+        # rows without an initial state are zeros, the others their slot's state exactly
+        got = gather_state_slots(state, slots, has_initial)
+        assert (got[~has_initial] == 0).all()
+        assert torch.equal(got[has_initial], state[slots[has_initial].long()])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", STATE_DTYPES)
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_scatter_matches_reference(device, dtype, slot_dtype):
+    for per_slot in shapes(device):
+        state = state_cache(device, 9, per_slot, dtype, pad=24)
+        slots = torch.randperm(9, device=device)[:4].to(slot_dtype)
+        values = torch.randn(4, *per_slot, device=device).to(dtype)
+        # poisoned targets: every element of the written slots must come from values
+        state[slots.long()] = poisoned(values)
+        expected = state.clone()
+        scatter_state_slots_ref(expected, slots, values)
+        scatter_state_slots(state, slots, values)
+        assert torch.equal(state, expected)  # the other slots are untouched, bit for bit
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_rows(device):
+    state = state_cache(device, 3, (2, 4, 16), torch.float32)
+    slots = torch.empty(0, dtype=torch.int32, device=device)
+    assert gather_state_slots(state, slots).shape == (0, 2, 4, 16)
+    before = state.clone()
+    scatter_state_slots(state, slots, torch.empty(0, 2, 4, 16, device=device))
+    assert torch.equal(state, before)
+
+
+def test_bad_arguments_raise():
+    state = torch.zeros(4, 2, 8, 16)
+    slots = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="slots must have dtype"):
+        gather_state_slots(state, slots.float())
+    with pytest.raises(ValueError, match="has_initial must have shape"):
+        gather_state_slots(state, slots, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="has_initial must have dtype"):
+        gather_state_slots(state, slots, torch.ones(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="each slot contiguous"):
+        gather_state_slots(state.transpose(1, 2), slots)
+    with pytest.raises(ValueError, match="values must have shape"):
+        scatter_state_slots(state, slots, torch.zeros(2, 2, 8, 8))
+    with pytest.raises(ValueError, match="values must have state's dtype"):
+        scatter_state_slots(state, slots, torch.zeros(2, 2, 8, 16, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="each row contiguous"):
+        scatter_state_slots(state, slots, torch.zeros(2, 2, 16, 8).transpose(-1, -2))
