@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--state-dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--impls", default="builtin,plugin")
-    ap.add_argument("--repeats", type=int, default=3, help="decode runs per cell (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="decode runs per cell (median)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--distributed-executor-backend", default=None, help="e.g. ray")
     ap.add_argument("--output", type=Path, help="default: benchmarks/results/e2e-<gpu>.json")

@@ -53,6 +53,10 @@ def time_rotating(make_call, bytes_per_call: int) -> float:
     """Microseconds per call: a CUDA graph of L calls, each on its own input set."""
     sets = max(2, min(64, math.ceil(ROTATE_BYTES / max(bytes_per_call, 1))))
     calls = [make_call() for _ in range(sets)]
+    # do_bench_cudagraph runs the calls on a stream of its own, which does not wait for the
+    # default stream that made the inputs: without this sync the first call could read slot
+    # indices not yet written (the "illegal memory access" of earlier runs, in vLLM's kernel).
+    torch.cuda.synchronize()
 
     def run():
         for c in calls:
