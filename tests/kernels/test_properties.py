@@ -21,12 +21,16 @@ from vllm_nemotron_h.kernels import (
     DecodeWorkspace,
     causal_conv1d_update,
     causal_conv1d_update_ref,
+    gather_state_slots,
+    gather_state_slots_ref,
     group_rms_norm,
     group_rms_norm_ref,
     mamba2_decode,
     mamba2_decode_ref,
     rms_norm,
     rms_norm_ref,
+    scatter_state_slots,
+    scatter_state_slots_ref,
     selective_state_update,
     selective_state_update_ref,
 )
@@ -251,6 +255,75 @@ def test_mamba2_decode_property(
         assert rel_err(out, ref) < tol
         for k in states:
             assert rel_err(states[k], refs[k]) < tol
+
+
+SLOT_COPY_BROKEN = [None, None, None, "slots float", "values dtype", "values shape",
+                    "slot not contiguous", "has_initial length"]  # fmt: skip
+
+
+@SETTINGS
+@given(
+    num_slots=st.integers(1, 6),
+    rows=st.integers(0, 6),
+    per_slot=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    dtype=DTYPES,
+    slot_dtype=st.sampled_from([torch.int32, torch.int64]),
+    pad=st.sampled_from([0, 0, 8]),
+    initial=st.sampled_from(["none", "all", "some"]),
+    broken=st.sampled_from(SLOT_COPY_BROKEN),
+)
+def test_state_slot_copy_property(
+    num_slots, rows, per_slot, dtype, slot_dtype, pad, initial, broken
+):
+    rows = min(rows, num_slots)  # slots are distinct
+    n = 1
+    for d in per_slot:
+        n *= d
+    state = rnd(num_slots, n + pad, dtype=dtype)[:, :n].view(num_slots, *per_slot)
+    if broken == "slot not contiguous":
+        state = state.transpose(1, -1)
+        if state[0].is_contiguous():  # one dim, or the swapped dims of size 1: still valid
+            broken = None
+    slots = torch.randperm(num_slots, device=DEV)[:rows].to(slot_dtype)
+    flags = {
+        "none": None,
+        "all": torch.ones(rows, dtype=torch.bool, device=DEV),
+        "some": torch.rand(rows, device=DEV) < 0.5,
+    }[initial]
+    values = rnd(rows, *state.shape[1:], dtype=dtype)
+    if broken == "slots float":
+        slots = slots.float()
+    elif broken == "values dtype":
+        values = values.to(torch.float64)
+    elif broken == "values shape":
+        values = values[..., :-1] if values.shape[-1] > 1 else values[:, None]
+    elif broken == "has_initial length":
+        flags = torch.ones(rows + 1, dtype=torch.bool, device=DEV)
+    before = state.clone()
+    if broken is not None:
+        match = {
+            "slots float": "slots must have dtype",
+            "values dtype": "values must have state's dtype",
+            "values shape": "values must have shape",
+            "slot not contiguous": "each slot contiguous",
+            "has_initial length": "has_initial must have shape",
+        }[broken]
+        entry = "gather_state_slots" if broken == "has_initial length" else "scatter_state_slots"
+        with refused(entry, match):
+            if entry == "gather_state_slots":
+                gather_state_slots(state, slots, flags)
+            else:
+                scatter_state_slots(state, slots, values)
+        assert torch.equal(state, before)  # a refusal writes nothing
+        return
+    got = gather_state_slots(state, slots, flags)
+    equal("gather_state_slots")
+    assert torch.equal(got, gather_state_slots_ref(state, slots, flags))
+    expected = before.clone()
+    scatter_state_slots_ref(expected, slots, values)
+    scatter_state_slots(state, slots, values)
+    equal("scatter_state_slots")
+    assert torch.equal(state, expected)
 
 
 @SETTINGS
