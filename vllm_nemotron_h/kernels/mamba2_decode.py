@@ -392,24 +392,10 @@ def mamba2_decode_ref(
 
 
 def _check(
-    xbc,
-    dt,
-    z,
-    conv_state,
-    conv_weight,
-    conv_bias,
-    ssm_state,
-    A,
-    D,
-    dt_bias,
-    norm_weight,
-    eps,
-    slots,
-    null_slot,
-    out,
-) -> tuple[int, int]:
-    """Raises ValueError naming the first argument that does not fit; returns
-    (ngroups, conv width)."""
+    xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
+    norm_weight, state_slots, out,
+) -> None:  # fmt: skip
+    """Raises ValueError naming the first argument that does not fit."""
     check_tensor("xbc", xbc, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
     batch, conv_dim = xbc.shape
     dev = xbc.device
@@ -437,10 +423,9 @@ def _check(
         check_tensor(name, t, (nheads,), (torch.float32,), dev)
     if norm_weight is not None:
         check_tensor("norm_weight", norm_weight, (inner,), ACTIVATION_DTYPES, dev)
-    check_slots(slots, batch, dev)
+    check_slots(state_slots, batch, dev)
     if out is not None:
         check_tensor("out", out, (batch, inner), (xbc.dtype,), dev, True)
-    return ngroups, width
 
 
 def mamba2_decode(
@@ -468,12 +453,47 @@ def mamba2_decode(
     ``fuse``: one launch (True), the three kernels of this folder (False), or whichever is
     faster at this batch (None: fused up to FUSED_MAX_BATCH_HEADS). The one launch needs
     ``workspace``; ``config`` = (BLOCK_M, num_warps) overrides its tuned configuration."""
+    _check(
+        xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
+        norm_weight, state_slots, out,
+    )  # fmt: skip
+    return launch_mamba2_decode(
+        xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
+        norm_weight, eps, workspace, state_slots, null_slot, out, config, fuse,
+    )  # fmt: skip
+
+
+def launch_mamba2_decode(
+    xbc: torch.Tensor,
+    dt: torch.Tensor,
+    z: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    ssm_state: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    workspace: DecodeWorkspace | None = None,
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+    config: tuple[int, int] | None = None,
+    fuse: bool | None = None,
+) -> torch.Tensor:
+    """``mamba2_decode`` without its argument checks, for a caller that checked the same
+    tensors before (a Mamba layer after its first decode step: the state cache, weights and
+    the views' layout do not change between steps, only the batch). Raises only for a
+    ``config`` or ``fuse`` the shape cannot take, and for a missing workspace."""
     args = [xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias]
     args += [norm_weight, eps, state_slots, null_slot, out]  # _three_steps' order
-    ngroups, width = _check(*args)
-    batch = xbc.shape[0]
+    batch, conv_dim = xbc.shape
     _, nheads, head_dim, d_state = ssm_state.shape
     inner = nheads * head_dim
+    ngroups = (conv_dim - inner) // (2 * d_state)
+    width = conv_weight.shape[1]
     group_rows = inner // ngroups
     if out is None:
         out = args[-1] = torch.empty_like(z)
