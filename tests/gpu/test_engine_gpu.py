@@ -96,6 +96,31 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
         assert not any(other in k for k in kernels), f"{other} ran in a decode step"
 
 
+def test_moe_fp32_matches_builtin_and_transformers(tmp_path):
+    """The MoE layers (Nemotron 3 Nano's `E`) on a GPU: vLLM's FusedMoE inside the plugin's
+    model, CUDA graphs, the same tokens as the built-in and transformers (as above)."""
+    ckpt = str(write_tiny_checkpoint(tmp_path / "moe", "moe"))
+    spec = dict(
+        model=ckpt,
+        prompts=PROMPTS,
+        max_tokens=NEW,
+        engine=dict(
+            ENGINE, dtype="float32", compilation_config={"cudagraph_capture_sizes": [1, 4]}
+        ),
+    )
+    ours = run_engine(spec)
+    builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")
+    assert ours["model_class"].startswith("vllm_nemotron_h.")
+    assert ours["tokens"] == builtin["tokens"]
+    reference = hf_greedy(ckpt, PROMPTS, NEW, device="cuda")
+    agree = [
+        next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), len(r))
+        for t, r in zip(ours["tokens"], reference)
+    ]
+    print("MoE: tokens equal to transformers before the first difference, per prompt:", agree)
+    assert sum(a == NEW for a in agree) >= len(PROMPTS) - 1
+
+
 def logprob_diffs(a: dict, b: dict) -> list[float]:
     """|logprob difference| of the tokens two runs both generated, up to their first split."""
     diffs = []
@@ -110,9 +135,9 @@ def logprob_diffs(a: dict, b: dict) -> list[float]:
 def test_bf16_logprobs_as_accurate_as_builtin(tmp_path):
     """bf16 logprobs of the plugin and the built-in, each against an fp32 run on the same
     weights. Issue #6 asked for a mean |plugin - built-in| <= 1e-2; on this random checkpoint
-    each implementation's own bf16 error is already ~1.5e-2 (H100, 2026-11-23: plugin 0.0149,
-    built-in 0.0147, between them 0.0207), so that figure is reported, and what is asserted
-    is that the plugin's bf16 is as accurate as the built-in's (within 10 %)."""
+    each implementation's own bf16 error is already ~1.45e-2 (H100, 2026-11-23, fifth stop:
+    plugin 0.0144, built-in 0.0147, between them 0.0172), so that figure is reported, and what
+    is asserted is that the plugin's bf16 is as accurate as the built-in's (within 10 %)."""
     # Stored in bf16 like real Nemotron-H checkpoints: both implementations read the same
     # D and dt_bias values (the plugin keeps them in fp32, vLLM in the model dtype).
     ckpt = str(write_tiny_checkpoint(tmp_path / "dense-h80-bf16", "dense-h80", dtype="bfloat16"))
