@@ -40,8 +40,8 @@ __all__ = [
     "mamba2_decode_ref",
     "rms_norm",
     "rms_norm_ref",
-    "selective_state_update",
     "scatter_state_slots",
     "scatter_state_slots_ref",
+    "selective_state_update",
     "selective_state_update_ref",
 ]
