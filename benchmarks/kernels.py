@@ -468,6 +468,11 @@ def main() -> None:
     compare = args.compare.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     state_dtypes = [getattr(torch, d) for d in args.state_dtypes.split(",")]
+    points = list(itertools.product(state_dtypes, batches))
+
+    def points_of(part: str) -> list:
+        """The (state dtype, batch) points of one part of the comparison, none if not asked."""
+        return points if part in compare else []
 
     def record(kernel, model, sdt, batch, ours_us, vllm_us, nbytes_ours, nbytes_vllm):
         row = dict(
@@ -490,9 +495,7 @@ def main() -> None:
 
     for model in models:
         sh = shape_of(model)
-        for sdt, batch in itertools.product(state_dtypes, batches):
-            if "selective_state_update" not in compare:
-                break
+        for sdt, batch in points_of("selective_state_update"):
             name = str(sdt)[6:]
             nb = ssu_bytes(sh, batch, sdt, True)
             record(
@@ -529,9 +532,7 @@ def main() -> None:
                 nb,
             )
         # The decode tail of one Mamba layer: conv -> state update -> norm.
-        for sdt, batch in itertools.product(state_dtypes, batches):
-            if "decode_tail" not in compare:
-                break
+        for sdt, batch in points_of("decode_tail"):
             name = str(sdt)[6:]
 
             def tail(ours: bool):
@@ -577,9 +578,7 @@ def main() -> None:
 
         # The prefill's state copies through the rows' slots (both implementations did them
         # with PyTorch indexing before).
-        for sdt, batch in itertools.product(state_dtypes, batches):
-            if "state_slot_copy" not in compare:
-                break
+        for sdt, batch in points_of("state_slot_copy"):
             name = str(sdt)[6:]
             nb = slot_copy_bytes(sh, batch, sdt)
             for kernel, ours, theirs in (
