@@ -14,6 +14,7 @@ launch-config sweep of the state update, the conv update and the fused decode ta
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import itertools
 import json
@@ -66,6 +67,24 @@ def time_rotating(make_call, bytes_per_call: int) -> float:
     calls.clear()  # free the input sets before the next measurement
     torch.cuda.empty_cache()
     return ms * 1e3 / sets
+
+
+@functools.cache
+def copy_us(nbytes: int) -> float:
+    """Microseconds that moving ``nbytes`` (half read, half written) takes a plain device copy
+    in the same harness: the faster of a memcpy (``Tensor.copy_``) and an elementwise kernel
+    (``torch.neg``). What a streaming kernel of that size can reach, launch and ramp included."""
+    n = max(8, nbytes // 4)  # bf16 elements per side
+
+    def make(op):
+        src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        return lambda: op(src, dst)
+
+    return min(
+        time_rotating(lambda: make(lambda a, b: b.copy_(a)), nbytes),
+        time_rotating(lambda: make(lambda a, b: torch.neg(a, out=b)), nbytes),
+    )
 
 
 def shape_of(model: str) -> dict:
@@ -333,9 +352,18 @@ def use_tables(path: Path) -> None:
         print("using", key, table, flush=True)
 
 
-def tune(models, quick: bool, kernels=TUNABLE) -> list:
+def tune(
+    models,
+    quick: bool,
+    kernels=TUNABLE,
+    batches=BATCHES,
+    state_dtypes=(torch.float32, torch.bfloat16),
+    programs_per_sm=(0,),
+) -> list:
     """Sweeps the launch configs of the state update and the fused decode tail (BLOCK_M,
-    num_warps) and of the conv update (BLOCK_D, num_warps) per shape, state dtype and batch."""
+    num_warps) and of the conv update (BLOCK_D, num_warps) per shape, state dtype and batch;
+    the state update's also over ``programs_per_sm`` (0: one program per tile; otherwise a
+    persistent grid, the config's third entry)."""
     rows: list = []
     warps = (2, 4) if quick else (1, 2, 4)
     for model in models:
@@ -343,12 +371,21 @@ def tune(models, quick: bool, kernels=TUNABLE) -> list:
         group_rows = sh["heads"] // sh["groups"] * sh["head_dim"]
         tiles = [bm for bm in (4, 8, 16, 32, 64, 128) if group_rows % bm == 0]
         for kernel, sdt, batch in itertools.product(
-            ("selective_state_update", "mamba2_decode"), (torch.float32, torch.bfloat16), BATCHES
+            ("selective_state_update", "mamba2_decode"), state_dtypes, batches
         ):
             # The fused tail runs at small batches only (FUSED_MAX_BATCH_HEADS).
             if kernel not in kernels or (kernel == "mamba2_decode" and batch > FUSED_TUNE_MAX):
                 continue
-            cfgs = [(bm, w) for bm in tiles for w in warps if bm <= 64 or kernel == "mamba2_decode"]
+            if kernel == "mamba2_decode":
+                cfgs = [(bm, w) for bm in tiles for w in warps]
+            else:
+                cfgs = [
+                    (bm, w, k) if k else (bm, w)
+                    for bm in tiles
+                    for w in warps
+                    for k in programs_per_sm
+                    if bm <= 64
+                ]
             if kernel == "selective_state_update":
                 call, nbytes = (
                     lambda cfg: ours_ssu(ssu_inputs(sh, batch, sdt), cfg),
@@ -373,7 +410,7 @@ def tune(models, quick: bool, kernels=TUNABLE) -> list:
         if "causal_conv1d_update" not in kernels:
             continue
         conv_cfgs = [(bd, w) for bd in (128, 256, 512, 1024) for w in warps]
-        for batch in BATCHES:
+        for batch in batches:
             best_config(
                 f"causal_conv1d_update   {model:12s} B={batch:4d}",
                 conv_cfgs,
@@ -433,6 +470,11 @@ def main() -> None:
     ap.add_argument("--use-tables", type=Path, help="compare with the tables of this sweep JSON")
     ap.add_argument("--quick", action="store_true", help="tune with 2 and 4 warps only")
     ap.add_argument(
+        "--programs-per-sm",
+        default="0",
+        help="state update sweep: persistent grids of these many programs per SM (0: none)",
+    )
+    ap.add_argument(
         "--tables", type=Path, help="print the TUNED_CONFIGS tables of a --tune JSON and exit"
     )
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
@@ -456,8 +498,11 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     roof = copy_roofline()
     print(f"{gpu}: copy roofline {roof / 1e9:.0f} GB/s", flush=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    state_dtypes = [getattr(torch, d) for d in args.state_dtypes.split(",")]
     if args.tune:
-        rows = tune(models, args.quick, args.tune.split(","))
+        per_sm = [int(k) for k in args.programs_per_sm.split(",")]
+        rows = tune(models, args.quick, args.tune.split(","), batches, state_dtypes, per_sm)
         out = args.tune_out or RESULTS / f"kernel-tuning-{tag}.json"
         out.write_text(json.dumps(rows, indent=1))
         return  # the comparison runs in its own invocation, with the tuned tables in place
@@ -466,8 +511,6 @@ def main() -> None:
 
     rows = []
     compare = args.compare.split(",")
-    batches = [int(b) for b in args.batches.split(",")]
-    state_dtypes = [getattr(torch, d) for d in args.state_dtypes.split(",")]
     points = list(itertools.product(state_dtypes, batches))
 
     def points_of(part: str) -> list:
@@ -475,6 +518,7 @@ def main() -> None:
         return points if part in compare else []
 
     def record(kernel, model, sdt, batch, ours_us, vllm_us, nbytes_ours, nbytes_vllm):
+        copy = copy_us(nbytes_ours)
         row = dict(
             kernel=kernel,
             model=model,
@@ -484,12 +528,16 @@ def main() -> None:
             vllm_us=round(vllm_us, 3),
             ours_roofline=round(nbytes_ours / (ours_us * 1e-6) / roof, 4),
             vllm_roofline=round(nbytes_vllm / (vllm_us * 1e-6) / roof, 4),
+            # A plain copy of our kernel's bytes: the fraction of the roofline that size allows.
+            copy_us=round(copy, 3),
+            copy_roofline=round(nbytes_ours / (copy * 1e-6) / roof, 4),
         )
         rows.append(row)
         print(
             f"{kernel:22s} {model:12s} {sdt:9s} B={batch:4d} ours {ours_us:8.2f}us "
             f"{100 * row['ours_roofline']:5.1f}%  vllm {vllm_us:8.2f}us "
-            f"{100 * row['vllm_roofline']:5.1f}%  x{vllm_us / ours_us:4.2f}",
+            f"{100 * row['vllm_roofline']:5.1f}%  x{vllm_us / ours_us:4.2f}  "
+            f"copy {copy:8.2f}us {100 * row['copy_roofline']:5.1f}%",
             flush=True,
         )
 
