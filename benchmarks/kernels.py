@@ -358,12 +358,9 @@ def tune(
     kernels=TUNABLE,
     batches=BATCHES,
     state_dtypes=(torch.float32, torch.bfloat16),
-    programs_per_sm=(0,),
 ) -> list:
     """Sweeps the launch configs of the state update and the fused decode tail (BLOCK_M,
-    num_warps) and of the conv update (BLOCK_D, num_warps) per shape, state dtype and batch;
-    the state update's also over ``programs_per_sm`` (0: one program per tile; otherwise a
-    persistent grid, the config's third entry)."""
+    num_warps) and of the conv update (BLOCK_D, num_warps) per shape, state dtype and batch."""
     rows: list = []
     warps = (2, 4) if quick else (1, 2, 4)
     for model in models:
@@ -376,16 +373,7 @@ def tune(
             # The fused tail runs at small batches only (FUSED_MAX_BATCH_HEADS).
             if kernel not in kernels or (kernel == "mamba2_decode" and batch > FUSED_TUNE_MAX):
                 continue
-            if kernel == "mamba2_decode":
-                cfgs = [(bm, w) for bm in tiles for w in warps]
-            else:
-                cfgs = [
-                    (bm, w, k) if k else (bm, w)
-                    for bm in tiles
-                    for w in warps
-                    for k in programs_per_sm
-                    if bm <= 64
-                ]
+            cfgs = [(bm, w) for bm in tiles for w in warps if bm <= 64 or kernel == "mamba2_decode"]
             if kernel == "selective_state_update":
                 call, nbytes = (
                     lambda cfg: ours_ssu(ssu_inputs(sh, batch, sdt), cfg),
@@ -470,11 +458,6 @@ def main() -> None:
     ap.add_argument("--use-tables", type=Path, help="compare with the tables of this sweep JSON")
     ap.add_argument("--quick", action="store_true", help="tune with 2 and 4 warps only")
     ap.add_argument(
-        "--programs-per-sm",
-        default="0",
-        help="state update sweep: persistent grids of these many programs per SM (0: none)",
-    )
-    ap.add_argument(
         "--tables", type=Path, help="print the TUNED_CONFIGS tables of a --tune JSON and exit"
     )
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
@@ -501,8 +484,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     state_dtypes = [getattr(torch, d) for d in args.state_dtypes.split(",")]
     if args.tune:
-        per_sm = [int(k) for k in args.programs_per_sm.split(",")]
-        rows = tune(models, args.quick, args.tune.split(","), batches, state_dtypes, per_sm)
+        rows = tune(models, args.quick, args.tune.split(","), batches, state_dtypes)
         out = args.tune_out or RESULTS / f"kernel-tuning-{tag}.json"
         out.write_text(json.dumps(rows, indent=1))
         return  # the comparison runs in its own invocation, with the tuned tables in place

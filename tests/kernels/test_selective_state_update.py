@@ -96,19 +96,6 @@ def test_every_tile_size(device, block_m):
             check(device, shape, 5, torch.float32, act, True, True, config=(block_m, 2))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("programs_per_sm", [1, 3])
-def test_persistent_grid(device, programs_per_sm):
-    """Fewer programs than tiles: each program walks several tiles (of several sequences),
-    prefetching the next one's state; tile counts that do not divide evenly leave some
-    programs a masked prefetch past the last tile."""
-    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
-    act = torch.bfloat16 if device == "cuda" else torch.float32
-    for shape in shapes:
-        for state_dtype in (torch.float32, torch.bfloat16):
-            check(device, shape, 7, state_dtype, act, True, True, config=(16, 2, programs_per_sm))
-
-
 def test_tile_spanning_two_groups_raises():
     t = make_inputs("cpu", 2, 4, 80, 16, 2, torch.float32, torch.float32, True, False)
     with pytest.raises(ValueError, match="BLOCK_M=64 must divide"):

@@ -72,41 +72,31 @@ def _default_config(d_state: int, state_bytes: int) -> tuple[int, int]:
 
 
 def config_from_table(
-    table: dict[tuple[int, int, int], list[tuple[int, ...]]],
+    table: dict[tuple[int, int, int], list[tuple[int, int, int]]],
     head_dim: int,
     d_state: int,
     state_dtype: torch.dtype,
     batch_heads: int,
     group_rows: int,
-) -> tuple[int, ...]:
-    """(BLOCK_M, num_warps[, programs per multiprocessor]) from a table keyed like
-    TUNED_CONFIGS; ``group_rows`` = heads per group x head_dim (a tile never spans two
-    groups)."""
+) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) from a table keyed like TUNED_CONFIGS; ``group_rows`` = heads per
+    group x head_dim (a tile never spans two groups)."""
     state_bytes = state_dtype.itemsize
-    block_m, *rest = _default_config(d_state, state_bytes)
-    for max_bh, *tuned in table.get((head_dim, d_state, state_bytes), []):
+    block_m, warps = _default_config(d_state, state_bytes)
+    for max_bh, tuned_m, tuned_warps in table.get((head_dim, d_state, state_bytes), []):
         if batch_heads <= max_bh:
-            block_m, *rest = tuned
+            block_m, warps = tuned_m, tuned_warps
             break
-    return (_largest_tile(block_m, group_rows), *rest)
+    return _largest_tile(block_m, group_rows), warps
 
 
 # Cached: eager and mixed prefill/decode steps call it per Mamba layer (CUDA graphs do not).
 @functools.cache
 def launch_config(
     head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int, group_rows: int
-) -> tuple[int, ...]:
-    """(BLOCK_M, num_warps[, programs per multiprocessor]) of this kernel for one launch."""
+) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) of this kernel for one launch."""
     return config_from_table(TUNED_CONFIGS, head_dim, d_state, state_dtype, batch_heads, group_rows)
-
-
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    return (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 4
-    )
 
 
 @triton.jit
@@ -155,8 +145,6 @@ def _selective_state_update_kernel(
     null_slot,
     d_state,
     group_rows,
-    n_tiles,
-    tiles_per_seq,
     s_slot,
     s_head,
     s_dim,
@@ -183,98 +171,43 @@ def _selective_state_update_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # Tile t = (sequence t // tiles_per_seq, rows (t % tiles_per_seq) * BLOCK_M + [0, BLOCK_M)).
-    # A program takes tiles pid, pid + programs, ...: one tile when the grid covers them all,
-    # several on a persistent grid, where the next tile's state load is issued before the
-    # current tile's arithmetic and stores.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    s_next = _load_state_tile(
-        state_ptr,
-        slots_ptr,
-        pid,
-        n_tiles,
-        tiles_per_seq,
-        null_slot,
-        d_state,
-        s_slot,
-        s_head,
-        s_dim,
-        HEAD_DIM,
-        HAS_SLOTS,
-        BLOCK_M,
-        BLOCK_N,
-    )
-    for tile in range(pid, n_tiles, programs):
-        s = s_next
-        b = (tile // tiles_per_seq).to(tl.int64)
-        first_row = (tile % tiles_per_seq) * BLOCK_M
-        g = first_row // group_rows  # BLOCK_M divides group_rows: one group per tile
-        slot, rows, h, p, cols, col_ok, live, tile_ok = _plane_tile(
-            slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS, BLOCK_M, BLOCK_N
-        )
-        x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
-        Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
-        Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
-        if HAS_Z:
-            z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
-        dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
-        A = tl.load(A_ptr + h)
-        D = tl.load(D_ptr + h)
-        s_next = _load_state_tile(
-            state_ptr,
-            slots_ptr,
-            tile + programs,
-            n_tiles,
-            tiles_per_seq,
-            null_slot,
-            d_state,
-            s_slot,
-            s_head,
-            s_dim,
-            HEAD_DIM,
-            HAS_SLOTS,
-            BLOCK_M,
-            BLOCK_N,
-        )
-
-        s = _state_step(s, x, Bv, dt, A)
-        state_ptrs = state_ptr + slot * s_slot + (h * s_head + p * s_dim)[:, None] + cols[None, :]
-        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
-        y = tl.sum(s * Cv[None, :], axis=1) + D * x
-        if HAS_Z:
-            y = y * z * tl.sigmoid(z)
-        y = tl.where(live, y, 0.0)
-        tl.store(out_ptr + b * o_b + h * o_h + p * o_d, y.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _load_state_tile(
-    state_ptr,
-    slots_ptr,
-    tile,
-    n_tiles,
-    tiles_per_seq,
-    null_slot,
-    d_state,
-    s_slot,
-    s_head,
-    s_dim,
-    HEAD_DIM,
-    HAS_SLOTS,
-    BLOCK_M,
-    BLOCK_N,
-):
-    """The state tile of ``tile`` (zeros, and no read, past the last tile or for a null slot)."""
-    in_range = (tl.arange(0, BLOCK_M) * 0 + tile) < n_tiles  # per row, as in _plane_tile
-    tile = tl.minimum(tile, n_tiles - 1)  # a valid address for the masked load
-    b = (tile // tiles_per_seq).to(tl.int64)
-    first_row = (tile % tiles_per_seq) * BLOCK_M
+    first_row = tl.program_id(0) * BLOCK_M
+    b = tl.program_id(1).to(tl.int64)
+    g = first_row // group_rows  # BLOCK_M divides group_rows: one group per program
     slot, rows, h, p, cols, col_ok, live, tile_ok = _plane_tile(
         slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS, BLOCK_M, BLOCK_N
     )
-    ptrs = state_ptr + slot * s_slot + (h * s_head + p * s_dim)[:, None] + cols[None, :]
-    return tl.load(ptrs, mask=tile_ok & in_range[:, None], other=0.0)
+
+    # Issue every load before the arithmetic that needs it.
+    row_offsets = h * s_head + p * s_dim
+    state_ptrs = state_ptr + slot * s_slot + row_offsets[:, None] + cols[None, :]
+    s = tl.load(state_ptrs, mask=tile_ok, other=0.0)
+    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
+    Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
+    if HEAD_DIM % BLOCK_M == 0:
+        # The tile lies in one head: its per-head values are one load each, not one per row.
+        h0 = first_row // HEAD_DIM
+        zero_rows = tl.zeros([BLOCK_M], tl.float32)
+        dt = zero_rows + (
+            tl.load(dt_ptr + b * dt_b + h0 * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h0)
+        )
+        A = zero_rows + tl.load(A_ptr + h0)
+        D = zero_rows + tl.load(D_ptr + h0)
+    else:
+        dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+        A = tl.load(A_ptr + h)
+        D = tl.load(D_ptr + h)
+
+    s = _state_step(s, x, Bv, dt, A)
+    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+    y = tl.sum(s * Cv[None, :], axis=1) + D * x
+    if HAS_Z:
+        y = y * z * tl.sigmoid(z)
+    y = tl.where(live, y, 0.0)
+    tl.store(out_ptr + b * o_b + h * o_h + p * o_d, y.to(out_ptr.dtype.element_ty))
 
 
 def selective_state_update_ref(
@@ -351,12 +284,10 @@ def selective_state_update(
     state_slots: torch.Tensor | None = None,
     null_slot: int = -1,
     out: torch.Tensor | None = None,
-    config: tuple[int, ...] | None = None,
+    config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Advances ``state`` by one token in place and returns ``out`` (see module doc).
-    ``config`` = (BLOCK_M, num_warps) or (BLOCK_M, num_warps, programs per multiprocessor)
-    overrides the tuned launch configuration; the third entry, when not 0, launches a
-    persistent grid of that many programs per multiprocessor."""
+    ``config`` = (BLOCK_M, num_warps) overrides the tuned launch configuration."""
     _check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out)
     batch, nheads, head_dim = x.shape
     group_rows = nheads // B.shape[1] * head_dim
@@ -388,7 +319,7 @@ def launch_selective_state_update(
     state_slots: torch.Tensor | None,
     null_slot: int,
     out: torch.Tensor,
-    config: tuple[int, ...] | None = None,
+    config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The Triton launch of ``selective_state_update`` without its argument checks, for a
     caller that has checked the same arguments already (``mamba2_decode``)."""
@@ -397,16 +328,12 @@ def launch_selective_state_update(
     if batch == 0:
         return out
     d_state = state.shape[-1]
-    block_m, num_warps, *persistent = config or launch_config(
+    block_m, num_warps = config or launch_config(
         head_dim, d_state, state.dtype, batch * nheads, group_rows
     )
     zz = z if z is not None else x
-    tiles_per_seq = nheads * head_dim // block_m
-    n_tiles = tiles_per_seq * batch
-    programs = n_tiles
-    if persistent and persistent[0]:
-        programs = min(n_tiles, persistent[0] * _multiprocessors(x.device))
-    _selective_state_update_kernel[(programs,)](
+    grid = (nheads * head_dim // block_m, batch)
+    _selective_state_update_kernel[grid](
         state,
         x,
         dt,
@@ -421,8 +348,6 @@ def launch_selective_state_update(
         null_slot,
         d_state,
         group_rows,
-        n_tiles,
-        tiles_per_seq,
         state.stride(0),
         state.stride(1),
         state.stride(2),
