@@ -2,7 +2,9 @@
 
 Times CUDA-graph replays (median) of L launches over L rotating input sets (together larger
 than L2), counts the bytes each kernel must move and reports the fraction of the measured
-copy roofline. Writes benchmarks/results/kernels-<gpu>.json (+ .png) and, with --tune, the
+copy roofline, and how long a plain device copy of the same bytes takes in the same harness
+(what any streaming kernel of that size can reach: launch and ramp included). Writes
+benchmarks/results/kernels-<gpu>.json (+ .png) and, with --tune, the
 launch-config sweep of the state update, the conv update and the fused decode tail
 (kernel-tuning-<gpu>.json, or a file of --tune-out) instead of the comparison.
 
@@ -656,6 +658,9 @@ def plot(rows: list[dict], path: Path, meta: dict) -> None:
             b = [r["batch"] for r in sel]
             ax.plot(b, [100 * r["ours_roofline"] for r in sel], "o-", label=f"ours {sdt}")
             ax.plot(b, [100 * r["vllm_roofline"] for r in sel], "x--", label=f"vLLM {sdt}")
+            if all("copy_roofline" in r for r in sel):
+                copy = [100 * r["copy_roofline"] for r in sel]
+                ax.plot(b, copy, ":", color="grey", label=f"copy of the bytes {sdt}")
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 110)
         ax.set_title(f"{k} / {m}", fontsize=9)

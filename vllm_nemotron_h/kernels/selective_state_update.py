@@ -187,19 +187,9 @@ def _selective_state_update_kernel(
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
     if HAS_Z:
         z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
-    if HEAD_DIM % BLOCK_M == 0:
-        # The tile lies in one head: its per-head values are one load each, not one per row.
-        h0 = first_row // HEAD_DIM
-        zero_rows = tl.zeros([BLOCK_M], tl.float32)
-        dt = zero_rows + (
-            tl.load(dt_ptr + b * dt_b + h0 * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h0)
-        )
-        A = zero_rows + tl.load(A_ptr + h0)
-        D = zero_rows + tl.load(D_ptr + h0)
-    else:
-        dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
-        A = tl.load(A_ptr + h)
-        D = tl.load(D_ptr + h)
+    dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+    A = tl.load(A_ptr + h)
+    D = tl.load(D_ptr + h)
 
     s = _state_step(s, x, Bv, dt, A)
     tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
