@@ -2,12 +2,7 @@ import pytest
 import torch
 from helpers import DEVICES, poisoned, rel_err, tolerance
 
-from vllm_nemotron_h.kernels import (
-    DecodeWorkspace,
-    launch_mamba2_decode,
-    mamba2_decode,
-    mamba2_decode_ref,
-)
+from vllm_nemotron_h.kernels import DecodeWorkspace, mamba2_decode, mamba2_decode_ref
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (4, 32, 32, 1), (8, 32, 16, 4)]
@@ -62,11 +57,13 @@ def check(device, shape, batch, state_dtype, act, norm=True, config=None, fuse=T
     untouched[t["state_slots"][1:]] = False
     # The second launch, without checks as the mixer runs it after its first step, finds the
     # arrival counters of the first back at zero.
-    for decode in (mamba2_decode, launch_mamba2_decode):
+    for check_args in (True, False):
         for k in before:
             t[k].copy_(before[k])
         out = poisoned(ref)
-        decode(**t, workspace=ws, null_slot=0, out=out, config=config, fuse=fuse)
+        mamba2_decode(
+            **t, workspace=ws, null_slot=0, out=out, config=config, fuse=fuse, check=check_args
+        )
         assert rel_err(out, ref) < tol
         assert rel_err(t["ssm_state"], refs["ssm_state"]) < tol
         assert torch.equal(t["conv_state"], refs["conv_state"]), "the conv shift must be exact"

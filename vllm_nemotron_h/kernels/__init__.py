@@ -6,7 +6,6 @@ from vllm_nemotron_h.kernels.causal_conv1d_update import (
 )
 from vllm_nemotron_h.kernels.mamba2_decode import (
     DecodeWorkspace,
-    launch_mamba2_decode,
     mamba2_decode,
     mamba2_decode_ref,
 )
@@ -35,7 +34,6 @@ __all__ = [
     "gather_state_slots_ref",
     "group_rms_norm",
     "group_rms_norm_ref",
-    "launch_mamba2_decode",
     "mamba2_decode",
     "mamba2_decode_ref",
     "rms_norm",

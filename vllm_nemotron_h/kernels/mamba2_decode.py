@@ -447,46 +447,22 @@ def mamba2_decode(
     out: torch.Tensor | None = None,
     config: tuple[int, int] | None = None,
     fuse: bool | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Advances both states of every sequence by one token in place and returns ``out``
     (batch, nheads * head_dim): normalised when ``norm_weight`` is given, else gated y.
     ``fuse``: one launch (True), the three kernels of this folder (False), or whichever is
     faster at this batch (None: fused up to FUSED_MAX_BATCH_HEADS). The one launch needs
-    ``workspace``; ``config`` = (BLOCK_M, num_warps) overrides its tuned configuration."""
-    _check(
-        xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
-        norm_weight, state_slots, out,
-    )  # fmt: skip
-    return launch_mamba2_decode(
-        xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
-        norm_weight, eps, workspace, state_slots, null_slot, out, config, fuse,
-    )  # fmt: skip
-
-
-def launch_mamba2_decode(
-    xbc: torch.Tensor,
-    dt: torch.Tensor,
-    z: torch.Tensor,
-    conv_state: torch.Tensor,
-    conv_weight: torch.Tensor,
-    conv_bias: torch.Tensor | None,
-    ssm_state: torch.Tensor,
-    A: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    workspace: DecodeWorkspace | None = None,
-    state_slots: torch.Tensor | None = None,
-    null_slot: int = -1,
-    out: torch.Tensor | None = None,
-    config: tuple[int, int] | None = None,
-    fuse: bool | None = None,
-) -> torch.Tensor:
-    """``mamba2_decode`` without its argument checks, for a caller that checked the same
-    tensors before (a Mamba layer after its first decode step: the state cache, weights and
-    the views' layout do not change between steps, only the batch). Raises only for a
-    ``config`` or ``fuse`` the shape cannot take, and for a missing workspace."""
+    ``workspace``; ``config`` = (BLOCK_M, num_warps) overrides its tuned configuration.
+    ``check=False`` skips the argument checks, for a caller that checked the same tensors
+    before (a Mamba layer after its first decode step: the state cache, weights and the views'
+    layout do not change between steps, only the batch); a ``config`` or ``fuse`` the shape
+    cannot take and a missing or too small workspace still raise."""
+    if check:
+        _check(
+            xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
+            norm_weight, state_slots, out,
+        )  # fmt: skip
     args = [xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias]
     args += [norm_weight, eps, state_slots, null_slot, out]  # _three_steps' order
     batch, conv_dim = xbc.shape

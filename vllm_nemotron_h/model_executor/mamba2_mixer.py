@@ -33,7 +33,6 @@ from vllm_nemotron_h.compat import NULL_BLOCK_ID, prefill_checkpoint, store_pref
 from vllm_nemotron_h.kernels import (
     gather_state_slots,
     group_rms_norm,
-    launch_mamba2_decode,
     mamba2_decode,
     scatter_state_slots,
 )
@@ -242,8 +241,7 @@ class PluginMambaMixer2(MambaMixer2):
         # host time per layer in eager and mixed steps; CUDA-graph replays run no Python):
         # the state cache, the weights and the views' layout stay the same, only the batch
         # changes, and the launch still checks the workspace against it.
-        decode = launch_mamba2_decode if self.decode_args_checked else mamba2_decode
-        decode(
+        mamba2_decode(
             xbc,
             dt,
             gate,
@@ -260,6 +258,7 @@ class PluginMambaMixer2(MambaMixer2):
             state_slots=md.state_slots_d[: xbc.shape[0]],
             null_slot=NULL_BLOCK_ID,
             out=out,
+            check=not self.decode_args_checked,
         )
         self.decode_args_checked = True
 
