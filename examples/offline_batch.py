@@ -5,7 +5,7 @@ Each input line is {"id": ..., "prompt": "..."}; each output line is {"id", "pro
 ids already written, so an interrupted job loses at most the chunk in flight.
 
     python examples/offline_batch.py --model CHECKPOINT --input prompts.jsonl --output out.jsonl
-    python examples/offline_batch.py --demo     # tiny built-in model, a few prompts (make demo)
+    python examples/offline_batch.py --demo     # the shipped model, a few prompts (make demo)
 """
 
 from __future__ import annotations
@@ -14,15 +14,19 @@ import argparse
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_DIR = ROOT / ".cache" / "demo"
+# The model that ships with the project: a small Nemotron-H trained on Python's standard
+# library (models/nemotron-h-pycode/README.md).
+DEMO_MODEL = ROOT / "models" / "nemotron-h-pycode"
 DEMO_PROMPTS = [
-    "Hello there, how are",
-    "The history of the city begins with",
-    "A state space model carries",
-    "Once upon a time there was a small robot who",
+    'def is_palindrome(text):\n    """Return True if',
+    "    def __len__(self):\n        return",
+    'import os\n\n\ndef list_python_files(root):\n    """Return',
+    "    def __repr__(self):\n        return",
 ]
 
 
@@ -49,7 +53,9 @@ def pending(inputs: list[dict], output: Path) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", help="checkpoint folder or name (default with --demo: tiny model)")
+    ap.add_argument(
+        "--model", help="checkpoint folder or name (default with --demo: the shipped model)"
+    )
     ap.add_argument("--input", type=Path, help="JSONL file of {id, prompt}")
     ap.add_argument("--output", type=Path, help="JSONL file the results are appended to")
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -61,15 +67,11 @@ def main() -> None:
 
     engine = json.loads(args.engine_args)
     if args.demo:
-        from vllm_nemotron_h.checkpoints import write_tiny_checkpoint
-
-        args.model = args.model or str(
-            write_tiny_checkpoint(ROOT / ".cache" / "tiny-models" / "dense", "dense")
-        )
+        args.model = args.model or str(DEMO_MODEL)
         DEMO_DIR.mkdir(parents=True, exist_ok=True)
         args.input = args.input or DEMO_DIR / "prompts.jsonl"
         args.output = args.output or DEMO_DIR / "outputs.jsonl"
-        if not args.input.exists():
+        if args.input == DEMO_DIR / "prompts.jsonl":
             args.input.write_text(
                 "".join(
                     json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(DEMO_PROMPTS)
@@ -77,7 +79,12 @@ def main() -> None:
             )
         if args.output.exists():
             args.output.unlink()  # the demo starts over each time
-        engine = {"dtype": "float32", "max_model_len": 512, "gpu_memory_utilization": 0.2, **engine}
+        engine = {
+            "dtype": "float32",
+            "max_model_len": 1024,
+            "gpu_memory_utilization": 0.2,
+            **engine,
+        }
     if not (args.model and args.input and args.output):
         ap.error("--model, --input and --output are required (or use --demo)")
 
@@ -116,7 +123,9 @@ def main() -> None:
             out.flush()
     if args.demo:
         for row in read_jsonl(args.output):
-            print(f"[{row['id']}] {row['prompt']!r} -> {row['text']!r}")
+            # The continuation in bold on a terminal, after a "|" elsewhere.
+            on, off = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("|", "")
+            print(f"--- [{row['id']}]\n{row['prompt']}{on}{row['text']}{off}")
 
 
 if __name__ == "__main__":

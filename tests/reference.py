@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import torch
 
+from training.train_pycode import unclamp_dt
+
+
+def hf_model(model_dir: str, device: str = "cpu"):
+    """transformers' model in fp32, computing what vLLM computes: no lower clamp of dt."""
+    from transformers import NemotronHForCausalLM
+
+    model = NemotronHForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    unclamp_dt(model)
+    return model
+
 
 def hf_greedy(
     model_dir: str, prompts: list[list[int]], max_new_tokens: int, device: str = "cpu"
 ) -> list[list[int]]:
-    from transformers import NemotronHForCausalLM
-
-    model = NemotronHForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    model = hf_model(model_dir, device)
     outs = []
     with torch.no_grad():
         for p in prompts:
