@@ -29,16 +29,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def openai_server(model: str, *args: str, log_name: str, timeout: float = 300) -> Iterator[str]:
-    """Starts the server on ``model`` with ``args``; yields its base URL once /health answers.
-    Its log goes to .cache/<log_name> (quoted in the failure if it dies while starting)."""
+def openai_server(
+    model: str, *args: str, log_name: str, timeout: float = 300, tiny_flags: bool = True
+) -> Iterator[str]:
+    """Starts the server on ``model`` with ``args`` (after TINY_SERVER_ARGS unless
+    ``tiny_flags`` is false); yields its base URL once /health answers. Its log goes to
+    .cache/<log_name> (quoted in the failure if it dies while starting)."""
     port = free_port()
     log_path = ROOT / ".cache" / log_name
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         cmd = ["bash", str(ROOT / "examples" / "serve.sh"), model, "--host", "127.0.0.1"]
         proc = subprocess.Popen(
-            [*cmd, "--port", str(port), *TINY_SERVER_ARGS, *args],
+            [*cmd, "--port", str(port), *(TINY_SERVER_ARGS if tiny_flags else ()), *args],
             env=engine_env(),
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -72,3 +72,21 @@ def test_chat_completions_equal_offline(server, offline):
         )
     )
     assert streamed == want
+
+
+def test_serve_script_starts_with_vllm_defaults(tiny_checkpoint):
+    """examples/serve.sh (what `make serve` runs) with no engine flags at all, only an address:
+    vLLM's own defaults must start on this machine (on CPU the script caps the memory share
+    that vLLM's default would ask of one NUMA node) and answer a completion."""
+    import requests
+
+    from tests.server import openai_server
+
+    model = tiny_checkpoint("dense")
+    with openai_server(model, log_name="serve-defaults.log", tiny_flags=False, timeout=600) as url:
+        reply = requests.post(
+            url + "/v1/completions",
+            json=dict(model=model, prompt=PROMPTS[0], max_tokens=4, temperature=0.0),
+            timeout=120,
+        ).json()
+    assert reply["usage"]["completion_tokens"] == 4
