@@ -1,4 +1,4 @@
-"""Shared helpers of the kernel tests: devices, poisoning, relative error."""
+"""Shared helpers of the kernel tests: devices, seeded inputs, poisoning, relative error."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ def tolerance(act: torch.dtype, state_dtype: torch.dtype, device: str) -> float:
     if act == torch.bfloat16 and device == "cpu":
         return INTERPRETER_BF16_TOL
     return max(TOL[act], TOL[state_dtype])
+
+
+def seeded_generator(device: str) -> torch.Generator:
+    """A generator on ``device`` seeded from torch's global generator, which the autouse
+    fixture in conftest.py seeds per test (printed, replayable)."""
+    return torch.Generator(device=device).manual_seed(int(torch.randint(2**31, (1,))))
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

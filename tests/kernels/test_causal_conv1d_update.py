@@ -1,12 +1,12 @@
 import pytest
 import torch
-from helpers import DEVICES, TOL, poisoned, rel_err
+from helpers import DEVICES, TOL, poisoned, rel_err, seeded_generator
 
 from vllm_nemotron_h.kernels import causal_conv1d_update, causal_conv1d_update_ref
 
 
 def make(device, batch, dim, width, dtype, state_dim_first, bias):
-    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
+    g = seeded_generator(device)
     rnd = lambda *s: torch.randn(*s, generator=g, device=device).to(dtype)  # noqa: E731
     slots_total = batch + 2
     if state_dim_first:

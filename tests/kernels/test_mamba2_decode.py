@@ -1,6 +1,6 @@
 import pytest
 import torch
-from helpers import DEVICES, poisoned, rel_err, tolerance
+from helpers import DEVICES, poisoned, rel_err, seeded_generator, tolerance
 
 from vllm_nemotron_h.kernels import DecodeWorkspace, mamba2_decode, mamba2_decode_ref
 
@@ -13,7 +13,7 @@ def make_inputs(device, batch, shape, state_dtype, act, width=4, bias=True, dim_
     """Inputs as the engine passes them: xbc, z and dt are strided views of one projection
     row, vLLM's null slot 0 pads row 0."""
     nheads, head_dim, d_state, ngroups = shape
-    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
+    g = seeded_generator(device)
 
     def rnd(*s, dtype=torch.float32):
         return torch.randn(*s, generator=g, device=device).to(dtype)

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from helpers import DEVICES, TOL, poisoned, rel_err
+from helpers import DEVICES, TOL, poisoned, rel_err, seeded_generator
 
 from vllm_nemotron_h.kernels import selective_state_update, selective_state_update_ref
 
@@ -12,7 +12,7 @@ GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 2
 def make_inputs(
     device, batch, nheads, head_dim, d_state, ngroups, state_dtype, act, gate, noncontig
 ):
-    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
+    g = seeded_generator(device)
 
     def rnd(*shape, dtype=torch.float32):
         return torch.randn(*shape, generator=g, device=device).to(dtype)
