@@ -102,7 +102,7 @@ def main() -> None:
         type=float,
         default=480.0,
         help="seconds for the training loop; if the first steps show that --steps would not "
-        "fit, the step count (and so the schedule) is cut once, at step 20, and logged",
+        "fit, the step count (and so the schedule) is cut once, at step 25, and logged",
     )
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
