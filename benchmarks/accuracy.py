@@ -84,7 +84,7 @@ def child(spec: dict) -> dict:
         filter(None, [str(ROOT / "benchmarks"), str(ROOT), os.environ.get("PYTHONPATH")])
     )
 
-    from vllm_nemotron_h.plugin import model_class_name
+    from vllm_nemotron_h.testing import model_class_name
 
     model_dir = Path(spec["model"])
     stream = heldout_stream(model_dir)

@@ -36,7 +36,7 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
     import torch
     from vllm import LLM
 
-    from vllm_nemotron_h.checkpoints import (
+    from vllm_nemotron_h.testing.checkpoints import (
         REAL_SHAPES,
         write_real_shape_config,
         write_tiny_checkpoint,
@@ -76,7 +76,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
     import torch
     from vllm import SamplingParams
 
-    from vllm_nemotron_h.plugin import model_class_name
+    from vllm_nemotron_h.testing import model_class_name
 
     t0 = time.perf_counter()
     llm = build_llm(model, state_dtype, batches, NEW_TOKENS, **engine)

@@ -16,8 +16,8 @@ launch-config sweep of the state update, the conv update and the fused decode ta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
-import importlib
 import itertools
 import json
 import math
@@ -28,16 +28,17 @@ from pathlib import Path
 import torch
 import triton
 
-from vllm_nemotron_h.checkpoints import REAL_SHAPES
-from vllm_nemotron_h.kernels import (
+from vllm_nemotron_h.ops import (
     DecodeWorkspace,
     causal_conv1d_update,
     gather_state_slots,
     group_rms_norm,
+    launch_config,
     mamba2_decode,
     scatter_state_slots,
     selective_state_update,
 )
+from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
 
 RESULTS = Path(__file__).parent / "results"
 BATCHES = (1, 8, 32, 64, 128, 256)
@@ -341,17 +342,15 @@ TUNABLE = ("selective_state_update", "causal_conv1d_update", "mamba2_decode")
 FUSED_TUNE_MAX = 32
 
 
+_TABLE_OVERRIDES = contextlib.ExitStack()
+
+
 def use_tables(path: Path) -> None:
-    """Runs the comparison with the tables a --tune JSON gives instead of the ones in the
-    kernel modules (to see a sweep's effect before pasting it)."""
-    # The modules, not the functions of the same names the package exports.
-    mod = lambda name: importlib.import_module(f"vllm_nemotron_h.kernels.{name}")  # noqa: E731
-    for key, table in tuned_tables(json.loads(path.read_text())).items():
-        if key == "causal_conv1d_update":
-            mod(key).TUNED_CONFIGS[:] = table
-        else:
-            mod(key[0]).TUNED_CONFIGS[key[1:]] = table
-        print("using", key, table, flush=True)
+    """Runs the comparison with the tables a --tune JSON gives instead of the device's file
+    (to see a sweep's effect before writing it with --tables --write)."""
+    for name, table in tuned_tables(json.loads(path.read_text())).items():
+        _TABLE_OVERRIDES.enter_context(launch_config.overridden(name, table))
+        print("using", name, table, flush=True)
 
 
 def tune(
@@ -419,7 +418,7 @@ def tuned_tables(rows: list) -> dict:
     (batch x heads for the state update, batch x channels for the conv update) the config with
     the smallest mean time relative to the point's best (shapes that share a key and a point
     are averaged); a config applies up to its point, consecutive equal ones merged, the last
-    one open-ended (1 << 62, the tables' _BIG)."""
+    one open-ended (None), laid out as the device files of vllm_nemotron_h/ops/configs."""
     points: dict = {}
     for r in rows:
         sh = shape_of(r["model"])
@@ -443,8 +442,12 @@ def tuned_tables(rows: list) -> dict:
             if table and table[-1][1:] == best:
                 table.pop()
             table.append((point, *best))
-        table[-1] = (1 << 62, *table[-1][1:])
-        tables[key] = table
+        rows_ = [list(row) for row in table]
+        rows_[-1][0] = None
+        if key == "causal_conv1d_update":
+            tables[key] = rows_
+        else:
+            tables.setdefault(key[0], {})[",".join(map(str, key[1:]))] = rows_
     return tables
 
 
@@ -460,8 +463,9 @@ def main() -> None:
     ap.add_argument("--use-tables", type=Path, help="compare with the tables of this sweep JSON")
     ap.add_argument("--quick", action="store_true", help="tune with 2 and 4 warps only")
     ap.add_argument(
-        "--tables", type=Path, help="print the TUNED_CONFIGS tables of a --tune JSON and exit"
+        "--tables", type=Path, help="print the launch tables of a --tune JSON and exit"
     )
+    ap.add_argument("--write", metavar="DEVICE", help="with --tables: write DEVICE's file")
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
     # A subset of the comparison (a re-check of a few points): write it with --output.
     ap.add_argument(
@@ -472,8 +476,11 @@ def main() -> None:
     ap.add_argument("--output", type=Path, help="comparison JSON (default kernels-<gpu>.json)")
     args = ap.parse_args()
     if args.tables:
-        for key, table in tuned_tables(json.loads(args.tables.read_text())).items():
-            print(f"{key}: {table}".replace(str(1 << 62), "_BIG"))
+        tables = tuned_tables(json.loads(args.tables.read_text()))
+        print(json.dumps(tables, indent=1))
+        if args.write:
+            how = f"derived by benchmarks/kernels.py --tables from {args.tables}"
+            print("wrote", launch_config.write_device_file(args.write, tables, how))
         return
     if args.use_tables:
         use_tables(args.use_tables)

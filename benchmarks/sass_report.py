@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from vllm_nemotron_h.kernels.selective_state_update import _selective_state_update_kernel
+from vllm_nemotron_h.ops.selective_state_update.kernel import _selective_state_update_kernel
 
 TOOLS = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin"
 # Pointers, and the strides that are 1 in vLLM's tensors (Triton specialises those).

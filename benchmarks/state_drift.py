@@ -28,7 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from vllm_nemotron_h.kernels import selective_state_update  # noqa: E402
+from vllm_nemotron_h.ops import selective_state_update  # noqa: E402
 
 # Mamba shapes of the public models: (heads, head_dim, d_state, n_groups).
 SHAPES = {"nemotron-h-8b": (128, 64, 128, 8), "nano-9b-v2": (128, 80, 128, 8)}

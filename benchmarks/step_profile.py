@@ -79,7 +79,7 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
-    from vllm_nemotron_h.plugin import model_class_name
+    from vllm_nemotron_h.testing import model_class_name
 
     cuda = torch.cuda.is_available()
     # distributed_executor_backend "uni": the model runs in this process, under the profiler

@@ -96,7 +96,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # for apply_model below
     from vllm import LLM, SamplingParams
 
-    from vllm_nemotron_h.plugin import model_class_name
+    from vllm_nemotron_h.testing import model_class_name
 
     llm = LLM(model=args.model, **engine)
     logging.getLogger("vllm_nemotron_h").warning(

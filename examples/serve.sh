@@ -8,7 +8,7 @@ PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
 MODEL=${1:-.cache/tiny-models/dense}
 shift || true
 if [ ! -e "$MODEL/config.json" ] && [ "$MODEL" = .cache/tiny-models/dense ]; then
-  "$PY" -c "from vllm_nemotron_h.checkpoints import write_tiny_checkpoint as w; w('$MODEL', 'dense')"
+  "$PY" -c "from vllm_nemotron_h.testing.checkpoints import write_tiny_checkpoint as w; w('$MODEL', 'dense')"
 fi
 if "$PY" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
   exec "$(dirname "$PY")/vllm" serve "$MODEL" "$@"

@@ -18,7 +18,7 @@ CACHE = Path(os.environ.get("VLLM_NEMOTRON_H_CACHE", ROOT / ".cache" / "tiny-mod
 
 
 def tiny(preset: str) -> str:
-    from vllm_nemotron_h.checkpoints import write_tiny_checkpoint
+    from vllm_nemotron_h.testing.checkpoints import write_tiny_checkpoint
 
     return str(write_tiny_checkpoint(CACHE / preset, preset))
 

@@ -23,7 +23,7 @@ import sys
 def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
-    from vllm_nemotron_h.plugin import model_class_name
+    from vllm_nemotron_h.testing import model_class_name
 
     llm = LLM(model=spec["model"], **spec.get("engine", {}))
     params = SamplingParams(

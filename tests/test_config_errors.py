@@ -27,8 +27,8 @@ def test_conv_activation_other_than_silu_is_refused():
     """The decode kernel applies silu after the conv; checked without an engine."""
     from types import SimpleNamespace
 
-    from vllm_nemotron_h.checkpoints import TINY_PRESETS, TINY_VOCAB_SIZE, make_config
     from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, validate
+    from vllm_nemotron_h.testing.checkpoints import TINY_PRESETS, TINY_VOCAB_SIZE, make_config
 
     hf = make_config(TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
     hf.mamba_hidden_act = "gelu"

@@ -54,7 +54,7 @@ PYCODE_PRESET: dict = dict(
 
 def pycode_config(dtype: str = "bfloat16"):
     """The shipped model's transformers ``NemotronHConfig``."""
-    from vllm_nemotron_h.checkpoints import make_config
+    from vllm_nemotron_h.testing.checkpoints import make_config
 
     return make_config(PYCODE_PRESET, VOCAB_SIZE, dtype)
 

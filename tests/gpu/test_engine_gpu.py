@@ -12,7 +12,7 @@ import torch
 
 from tests.engines import run_engine
 from tests.reference import hf_greedy
-from vllm_nemotron_h.checkpoints import write_tiny_checkpoint
+from vllm_nemotron_h.testing.checkpoints import write_tiny_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.engines import run_engine
-from vllm_nemotron_h.checkpoints import write_tiny_checkpoint
+from vllm_nemotron_h.testing.checkpoints import write_tiny_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,

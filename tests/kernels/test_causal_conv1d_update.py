@@ -2,7 +2,9 @@ import pytest
 import torch
 from helpers import DEVICES, TOL, poisoned, rel_err, seeded_generator
 
-from vllm_nemotron_h.kernels import causal_conv1d_update, causal_conv1d_update_ref
+from vllm_nemotron_h.ops import causal_conv1d_update
+from vllm_nemotron_h.ops.causal_conv1d_update.cpu import causal_conv1d_update_cpu
+from vllm_nemotron_h.ops.causal_conv1d_update.reference import causal_conv1d_update_reference
 
 
 def make(device, batch, dim, width, dtype, state_dim_first, bias):
@@ -35,7 +37,7 @@ def test_matches_reference(device, width, state_dim_first):
         for batch, bias, act in ((3, True, "silu"), (5, False, None)):
             t = make(device, batch, dim, width, dtype, state_dim_first, bias)
             s_ref = t["conv_state"].clone()
-            ref = causal_conv1d_update_ref(
+            ref = causal_conv1d_update_reference(
                 **{**t, "conv_state": s_ref}, activation=act, null_slot=0
             )
             out = poisoned(ref)
@@ -54,7 +56,7 @@ def test_every_block_size(device, block_d):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     t = make(device, 3, dim, 4, dtype, False, True)
     s_ref = t["conv_state"].clone()
-    ref = causal_conv1d_update_ref(**{**t, "conv_state": s_ref}, null_slot=0)
+    ref = causal_conv1d_update_reference(**{**t, "conv_state": s_ref}, null_slot=0)
     out = poisoned(ref)
     causal_conv1d_update(**t, null_slot=0, out=out, config=(block_d, 4))
     assert rel_err(out, ref) < TOL[dtype]
@@ -69,3 +71,16 @@ def test_bad_arguments_raise():
         causal_conv1d_update(**t, activation="gelu")
     with pytest.raises(ValueError, match="conv_state must have shape"):
         causal_conv1d_update(**{**t, "conv_state": torch.zeros(4, 16, 2)})
+
+
+@pytest.mark.parametrize("width", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_path_matches_reference(width, dtype):
+    """The CPU serving path against the literal reference."""
+    t = make("cpu", 5, 72, width, dtype, state_dim_first=False, bias=True)
+    s_ref = t["conv_state"].clone()
+    ref = causal_conv1d_update_reference(**{**t, "conv_state": s_ref}, null_slot=0)
+    out = poisoned(ref)
+    causal_conv1d_update_cpu(**t, activation="silu", null_slot=0, out=out)
+    assert rel_err(out, ref) < TOL[dtype] and (out[-1] == 0).all()
+    assert torch.equal(t["conv_state"], s_ref), "state shift must be exact"

@@ -2,7 +2,9 @@ import pytest
 import torch
 from helpers import DEVICES, poisoned, rel_err, seeded_generator, tolerance
 
-from vllm_nemotron_h.kernels import DecodeWorkspace, mamba2_decode, mamba2_decode_ref
+from vllm_nemotron_h.ops import DecodeWorkspace, mamba2_decode
+from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
+from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (4, 32, 32, 1), (8, 32, 16, 4)]
@@ -49,21 +51,18 @@ def check(device, shape, batch, state_dtype, act, norm=True, config=None, fuse=T
     if not norm:
         t["norm_weight"] = None
     refs = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
-    ref = mamba2_decode_ref(**{**t, **refs}, null_slot=0)
+    ref = mamba2_decode_reference(**{**t, **refs}, null_slot=0)
     before = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
     ws = DecodeWorkspace.allocate(batch, shape[0], shape[1], device)
     tol = tolerance(act, state_dtype, device)
     untouched = torch.ones(t["ssm_state"].shape[0], dtype=torch.bool, device=device)
     untouched[t["state_slots"][1:]] = False
-    # The second launch, without checks as the mixer runs it after its first step, finds the
-    # arrival counters of the first back at zero.
-    for check_args in (True, False):
+    # The second launch finds the arrival counters of the first back at zero.
+    for _ in range(2):
         for k in before:
             t[k].copy_(before[k])
         out = poisoned(ref)
-        mamba2_decode(
-            **t, workspace=ws, null_slot=0, out=out, config=config, fuse=fuse, check=check_args
-        )
+        mamba2_decode(**t, workspace=ws, null_slot=0, out=out, config=config, fuse=fuse)
         assert rel_err(out, ref) < tol
         assert rel_err(t["ssm_state"], refs["ssm_state"]) < tol
         assert torch.equal(t["conv_state"], refs["conv_state"]), "the conv shift must be exact"
@@ -158,3 +157,22 @@ def test_bad_arguments_raise(change, message):
     t.update(change)
     with pytest.raises(ValueError, match=message):
         mamba2_decode(**t, null_slot=0)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm", [True, False])
+def test_cpu_path_matches_reference(state_dtype, norm):
+    """The CPU serving path (the three ops' CPU paths) against the literal reference."""
+    for shape in CPU_SHAPES:
+        t = make_inputs("cpu", 4, shape, state_dtype, torch.float32, dim_first=False)
+        if not norm:
+            t["norm_weight"] = None
+        refs = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
+        ref = mamba2_decode_reference(**{**t, **refs}, null_slot=0)
+        out = poisoned(ref)
+        mamba2_decode_cpu(**t, eps=1e-5, null_slot=0, out=out)
+        assert rel_err(out, ref) < tolerance(torch.float32, state_dtype, "cuda")
+        assert rel_err(t["ssm_state"], refs["ssm_state"]) < tolerance(
+            torch.float32, state_dtype, "cuda"
+        )
+        assert torch.equal(t["conv_state"], refs["conv_state"])

@@ -17,24 +17,27 @@ from helpers import GPU, TOL, rel_err, tolerance
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_nemotron_h.kernels import (
+from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, validate
+from vllm_nemotron_h.ops import (
     DecodeWorkspace,
     causal_conv1d_update,
-    causal_conv1d_update_ref,
     gather_state_slots,
-    gather_state_slots_ref,
     group_rms_norm,
-    group_rms_norm_ref,
     mamba2_decode,
-    mamba2_decode_ref,
     rms_norm,
-    rms_norm_ref,
     scatter_state_slots,
-    scatter_state_slots_ref,
     selective_state_update,
-    selective_state_update_ref,
 )
-from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, validate
+from vllm_nemotron_h.ops.causal_conv1d_update.reference import causal_conv1d_update_reference
+from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
+from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference, rms_norm_reference
+from vllm_nemotron_h.ops.selective_state_update.reference import (
+    selective_state_update_reference,
+)
+from vllm_nemotron_h.ops.state_slot_copy.reference import (
+    gather_state_slots_reference,
+    scatter_state_slots_reference,
+)
 
 DEV = "cuda" if GPU else "cpu"
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float16])
@@ -138,7 +141,7 @@ def test_selective_state_update_property(
             selective_state_update(state, **args, null_slot=0)
         assert torch.equal(state, s_ref), "a refused call must not touch the state"
         return
-    ref = selective_state_update_ref(s_ref, **args, null_slot=0)
+    ref = selective_state_update_reference(s_ref, **args, null_slot=0)
     out = selective_state_update(state, **args, null_slot=0)
     equal("selective_state_update", compared=bool(batch))
     tol = max(TOL[act], TOL[state_dtype])
@@ -182,7 +185,7 @@ def test_causal_conv1d_update_property(batch, dim, width, dtype, bias, act, brok
             causal_conv1d_update(x, state, **args)
         assert torch.equal(state, s_ref)
         return
-    ref = causal_conv1d_update_ref(x, s_ref, **args)
+    ref = causal_conv1d_update_reference(x, s_ref, **args)
     out = causal_conv1d_update(x, state, **args)
     equal("causal_conv1d_update", compared=bool(batch))
     assert rel_err(state, s_ref) < TOL[dtype]
@@ -251,7 +254,7 @@ def test_mamba2_decode_property(
             assert torch.equal(states[k], before[k]), "a refused call must not touch the state"
         return
     refs = {k: v.clone() for k, v in states.items()}
-    ref = mamba2_decode_ref(**args, **refs)
+    ref = mamba2_decode_reference(**args, **refs)
     out = mamba2_decode(**args, **states, workspace=workspace, fuse=fuse)
     equal("mamba2_decode", compared=bool(batch))
     tol = tolerance(act, state_dtype, DEV)
@@ -322,9 +325,9 @@ def test_state_slot_copy_property(
         return
     got = gather_state_slots(state, slots, flags)
     equal("gather_state_slots", compared=bool(rows))
-    assert torch.equal(got, gather_state_slots_ref(state, slots, flags))
+    assert torch.equal(got, gather_state_slots_reference(state, slots, flags))
     expected = before.clone()
-    scatter_state_slots_ref(expected, slots, values)
+    scatter_state_slots_reference(expected, slots, values)
     scatter_state_slots(state, slots, values)
     equal("scatter_state_slots", compared=bool(rows))
     assert torch.equal(state, expected)
@@ -351,7 +354,7 @@ def test_group_rms_norm_property(rows, groups, group_size, dtype, gate, bad_grou
     out = group_rms_norm(x, w, gs, 1e-5, z)
     equal("group_rms_norm", compared=bool(rows))
     if rows:
-        assert rel_err(out, group_rms_norm_ref(x, w, gs, 1e-5, z)) < TOL[dtype]
+        assert rel_err(out, group_rms_norm_reference(x, w, gs, 1e-5, z)) < TOL[dtype]
 
 
 @SETTINGS
@@ -381,7 +384,7 @@ def test_rms_norm_property(rows, hidden, dtype, residual, strided_x, weight_len)
         return
     out = rms_norm(x, w, 1e-5, res)
     equal("rms_norm", compared=bool(rows))
-    want = rms_norm_ref(x, w, 1e-5, res)
+    want = rms_norm_reference(x, w, 1e-5, res)
     if residual:
         assert rel_err(out[0], want[0]) < TOL[dtype] and rel_err(out[1], want[1]) < TOL[dtype]
     elif rows:

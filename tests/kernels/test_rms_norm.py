@@ -2,7 +2,9 @@ import pytest
 import torch
 from helpers import DEVICES, TOL, rel_err
 
-from vllm_nemotron_h.kernels import group_rms_norm, group_rms_norm_ref, rms_norm, rms_norm_ref
+from vllm_nemotron_h.ops import group_rms_norm, rms_norm
+from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu, rms_norm_cpu
+from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference, rms_norm_reference
 
 
 def rnd(device, *shape, dtype=torch.float32):
@@ -18,7 +20,7 @@ def test_rms_norm_matches_reference(device, dtype, with_residual):
         x = rnd(device, 5, h + 16, dtype=dtype)[:, :h]  # strided rows
         w = rnd(device, h, dtype=dtype)
         res = rnd(device, 5, h, dtype=dtype) if with_residual else None
-        ref = rms_norm_ref(x, w, 1e-5, res)
+        ref = rms_norm_reference(x, w, 1e-5, res)
         got = rms_norm(x, w, 1e-5, res)
         if with_residual:
             assert rel_err(got[0], ref[0]) < TOL[dtype]
@@ -39,7 +41,7 @@ def test_group_rms_norm_matches_reference(device, dtype, gate):
         x = rnd(device, 4, hidden, dtype=dtype)
         z = rnd(device, 4, hidden, dtype=dtype) if gate else None
         w = rnd(device, hidden, dtype=dtype)
-        ref = group_rms_norm_ref(x, w, group, 1e-5, z)
+        ref = group_rms_norm_reference(x, w, group, 1e-5, z)
         assert rel_err(group_rms_norm(x, w, group, 1e-5, z), ref) < TOL[dtype]
         # in place, as the model calls it: the result lands in x, nothing else is returned
         assert group_rms_norm(x, w, group, 1e-5, z, out=x) is x
@@ -55,3 +57,15 @@ def test_bad_arguments_raise():
         rms_norm(torch.zeros(2, 10), torch.ones(9), 1e-5)
     with pytest.raises(ValueError, match="residual must have shape"):
         rms_norm(torch.zeros(2, 10), torch.ones(10), 1e-5, torch.zeros(3, 10))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_paths_match_reference(dtype):
+    """The CPU serving paths against the literal references."""
+    x, res, z = (rnd("cpu", 4, 96, dtype=dtype) for _ in range(3))
+    w = rnd("cpu", 96, dtype=dtype)
+    for got, ref in zip(rms_norm_cpu(x, w, 1e-5, res), rms_norm_reference(x, w, 1e-5, res)):
+        assert rel_err(got, ref) < TOL[dtype]
+    assert rel_err(rms_norm_cpu(x, w, 1e-5), rms_norm_reference(x, w, 1e-5)) < TOL[dtype]
+    got = group_rms_norm_cpu(x, w, 24, 1e-5, z)
+    assert rel_err(got, group_rms_norm_reference(x, w, 24, 1e-5, z)) < TOL[dtype]

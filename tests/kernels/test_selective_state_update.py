@@ -2,7 +2,11 @@ import pytest
 import torch
 from helpers import DEVICES, TOL, poisoned, rel_err, seeded_generator
 
-from vllm_nemotron_h.kernels import selective_state_update, selective_state_update_ref
+from vllm_nemotron_h.ops import selective_state_update
+from vllm_nemotron_h.ops.selective_state_update.cpu import selective_state_update_cpu
+from vllm_nemotron_h.ops.selective_state_update.reference import (
+    selective_state_update_reference,
+)
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (2, 32, 256, 1), (4, 64, 64, 4)]
@@ -53,7 +57,7 @@ def make_inputs(
 def check(device, shape, batch, state_dtype, act, gate, noncontig, config=None):
     t = make_inputs(device, batch, *shape, state_dtype, act, gate, noncontig)
     s_ref = t["state"].clone()
-    ref = selective_state_update_ref(**{**t, "state": s_ref}, null_slot=0)
+    ref = selective_state_update_reference(**{**t, "state": s_ref}, null_slot=0)
     out = poisoned(ref)
     before = t["state"].clone()
     selective_state_update(**t, null_slot=0, out=out, config=config)
@@ -119,3 +123,17 @@ def test_bad_arguments_raise(change, message):
     t.update(change)
     with pytest.raises(ValueError, match=message):
         selective_state_update(**t, null_slot=0)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gate", [True, False])
+def test_cpu_path_matches_reference(state_dtype, gate):
+    """The CPU serving path (vectorised PyTorch) against the literal reference."""
+    for shape in CPU_SHAPES:
+        t = make_inputs("cpu", 5, *shape, state_dtype, torch.float32, gate, noncontig=True)
+        s_ref = t["state"].clone()
+        ref = selective_state_update_reference(**{**t, "state": s_ref}, null_slot=0)
+        out = poisoned(ref)
+        selective_state_update_cpu(**t, null_slot=0, out=out)
+        assert rel_err(out, ref) < TOL[state_dtype] and (out[0] == 0).all()
+        assert rel_err(t["state"], s_ref) < TOL[state_dtype]

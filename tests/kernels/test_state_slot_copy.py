@@ -2,11 +2,11 @@ import pytest
 import torch
 from helpers import DEVICES, poisoned
 
-from vllm_nemotron_h.kernels import (
-    gather_state_slots,
-    gather_state_slots_ref,
-    scatter_state_slots,
-    scatter_state_slots_ref,
+from vllm_nemotron_h.ops import gather_state_slots, scatter_state_slots
+from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu, scatter_state_slots_cpu
+from vllm_nemotron_h.ops.state_slot_copy.reference import (
+    gather_state_slots_reference,
+    scatter_state_slots_reference,
 )
 
 STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -36,7 +36,7 @@ def test_gather_matches_reference(device, dtype, slot_dtype):
         for flags in (has_initial, None):
             got = gather_state_slots(state, slots, flags)
             assert got.is_contiguous()
-            assert torch.equal(got, gather_state_slots_ref(state, slots, flags))
+            assert torch.equal(got, gather_state_slots_reference(state, slots, flags))
         # rows without an initial state are zeros, the others their slot's state exactly
         got = gather_state_slots(state, slots, has_initial)
         assert (got[~has_initial] == 0).all()
@@ -54,7 +54,7 @@ def test_scatter_matches_reference(device, dtype, slot_dtype):
         # poisoned targets: every element of the written slots must come from values
         state[slots.long()] = poisoned(values)
         expected = state.clone()
-        scatter_state_slots_ref(expected, slots, values)
+        scatter_state_slots_reference(expected, slots, values)
         scatter_state_slots(state, slots, values)
         assert torch.equal(state, expected)  # the other slots are untouched, bit for bit
 
@@ -86,3 +86,18 @@ def test_bad_arguments_raise():
         scatter_state_slots(state, slots, torch.zeros(2, 2, 8, 16, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="each row contiguous"):
         scatter_state_slots(state, slots, torch.zeros(2, 2, 16, 8).transpose(-1, -2))
+
+
+@pytest.mark.parametrize("dtype", STATE_DTYPES)
+def test_cpu_paths_match_reference(dtype):
+    """The CPU serving paths against the literal references."""
+    state = state_cache("cpu", 9, (3, 80, 16), dtype, pad=24)
+    slots = torch.tensor([4, 0, 7])
+    has_initial = torch.tensor([True, False, True])
+    got = gather_state_slots_cpu(state, slots, has_initial)
+    assert torch.equal(got, gather_state_slots_reference(state, slots, has_initial))
+    values = torch.randn(3, 3, 80, 16).to(dtype)
+    expected = state.clone()
+    scatter_state_slots_reference(expected, slots, values)
+    scatter_state_slots_cpu(state, slots, values)
+    assert torch.equal(state, expected)

@@ -1,14 +1,14 @@
-"""The kernels that run inside torch.compile'd graphs, registered as opaque torch ops.
-
-Only the layer norms need this: the Mamba2 decode kernels run inside vLLM's
-``vllm::mamba_mixer2`` op (a graph split point), which is opaque already.
-"""
+"""The plugin's RMSNorm: vLLM builds it wherever its Nemotron-H asks for an ``RMSNorm``
+(vllm_boundary.layers.plugin_layers), and its kernels run as opaque torch ops inside
+torch.compile'd graphs. (The Mamba2 decode kernels need no op of their own: they run inside
+vLLM's ``vllm::mamba_mixer2`` op, a graph split point, which is opaque already.)"""
 
 from __future__ import annotations
 
 import torch
 
-from vllm_nemotron_h.kernels.rms_norm import rms_norm
+from vllm_nemotron_h.ops.rms_norm import rms_norm
+from vllm_nemotron_h.vllm_boundary.layers import RMSNorm
 
 
 @torch.library.custom_op("vllm_nemotron_h::rms_norm", mutates_args=())
@@ -33,14 +33,9 @@ def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float)
     return torch.empty_like(x), torch.empty_like(x)
 
 
-class RMSNorm(torch.nn.Module):
-    """Drop-in for vLLM's ``RMSNorm`` in the decoder layers: ``norm(x)`` or
-    ``norm(x, residual) -> (normed, x + residual)``, through the project's kernel."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
+class PluginRMSNorm(RMSNorm):
+    """vLLM's ``RMSNorm`` (its weight, loading and constructor) with the plugin's kernel:
+    ``norm(x)`` or ``norm(x, residual) -> (normed, x + residual)``."""
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from vllm.distributed import (
-    get_tensor_model_parallel_world_size,
-    tensor_model_parallel_all_reduce,
-)
-from vllm.model_executor.layers.fused_moe import GateLinear
-from vllm.model_executor.models import nemotron_h as vllm_nemotron_h
 
-from vllm_nemotron_h.model_executor.custom_ops import RMSNorm
+from vllm_nemotron_h.model_executor.custom_ops import PluginRMSNorm
+from vllm_nemotron_h.vllm_boundary.layers import (
+    GateLinear,
+    NemotronHMLP,
+    NemotronHMoEDecoderLayer,
+    all_reduce,
+    bare_module_init,
+    tensor_parallel_size,
+)
 
 
 def route(
@@ -56,7 +58,7 @@ class CpuNemotronHMoE(nn.Module):
                 f"(got {config.moe_latent_size}); supported: null"
             )
         self.config = config
-        self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_size = tensor_parallel_size()
         # The attributes vLLM's MixtureOfExperts bookkeeping reads (no EPLB on CPU).
         self.n_routed_experts = config.n_routed_experts
         self.n_shared_experts = config.n_shared_experts or 0
@@ -75,7 +77,7 @@ class CpuNemotronHMoE(nn.Module):
             torch.zeros(config.n_routed_experts, dtype=torch.float32)
         )
         self.experts = nn.ModuleList(
-            vllm_nemotron_h.NemotronHMLP(
+            NemotronHMLP(
                 config,
                 hidden_size=config.hidden_size,
                 intermediate_size=config.moe_intermediate_size,
@@ -88,7 +90,7 @@ class CpuNemotronHMoE(nn.Module):
         )
         self.shared_experts = None
         if self.n_shared_experts:
-            self.shared_experts = vllm_nemotron_h.NemotronHMLP(
+            self.shared_experts = NemotronHMLP(
                 config,
                 hidden_size=config.hidden_size,
                 intermediate_size=config.moe_shared_expert_intermediate_size
@@ -118,10 +120,10 @@ class CpuNemotronHMoE(nn.Module):
         out = out.to(hidden_states.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden_states)
-        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+        return all_reduce(out) if self.tp_size > 1 else out
 
 
-class CpuNemotronHMoEDecoderLayer(vllm_nemotron_h.NemotronHMoEDecoderLayer):
+class CpuNemotronHMoEDecoderLayer(NemotronHMoEDecoderLayer):
     """vLLM's MoE decoder layer (its forward, and the type vLLM's model counts MoE layers
     by) built around ``CpuNemotronHMoE``."""
 
@@ -135,7 +137,7 @@ class CpuNemotronHMoEDecoderLayer(vllm_nemotron_h.NemotronHMoEDecoderLayer):
         parallel_config=None,
         prefix: str = "",
     ) -> None:
-        nn.Module.__init__(self)  # vLLM's __init__ would build the FusedMoE CPU refuses
+        bare_module_init(self)  # vLLM's __init__ would build the FusedMoE CPU refuses
         self.config = config
         self.mixer = CpuNemotronHMoE(config, quant_config, parallel_config, f"{prefix}.mixer")
-        self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.norm = PluginRMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.config import VllmConfig
-
-from vllm_nemotron_h.compat import replayssm_enabled
+from vllm_nemotron_h.ops.support import CONV_WIDTH_RANGE, D_STATE_RANGE, HEAD_DIM_RANGE
+from vllm_nemotron_h.vllm_boundary.config import (
+    VllmConfig,
+    mamba_cache_mode,
+    replayssm_enabled,
+    speculative_tokens,
+)
 
 LAYER_TYPES = {"M": "Mamba2", "*": "attention", "-": "MLP", "E": "MoE"}
-HEAD_DIMS = (32, 128)
-STATE_SIZES = (16, 256)
-CONV_WIDTHS = (2, 4)
 
 
 class UnsupportedConfigError(ValueError):
@@ -40,22 +41,23 @@ def validate(vllm_config: VllmConfig) -> None:
         heads, groups = config.mamba_num_heads, config.n_groups
         if groups <= 0 or heads % groups:
             _fail("n_groups", groups, f"a divisor of mamba_num_heads={heads}")
-        if not HEAD_DIMS[0] <= config.mamba_head_dim <= HEAD_DIMS[1]:
-            _fail("mamba_head_dim", config.mamba_head_dim, "{}..{}".format(*HEAD_DIMS))
-        if not STATE_SIZES[0] <= config.ssm_state_size <= STATE_SIZES[1]:
-            _fail("ssm_state_size", config.ssm_state_size, "{}..{}".format(*STATE_SIZES))
-        if not CONV_WIDTHS[0] <= config.conv_kernel <= CONV_WIDTHS[1]:
-            _fail("conv_kernel", config.conv_kernel, "{}..{}".format(*CONV_WIDTHS))
+        for field, bounds in (
+            ("mamba_head_dim", HEAD_DIM_RANGE),
+            ("ssm_state_size", D_STATE_RANGE),
+            ("conv_kernel", CONV_WIDTH_RANGE),
+        ):
+            value = getattr(config, field)
+            if not bounds[0] <= value <= bounds[1]:
+                _fail(field, value, "{}..{}".format(*bounds))
         if config.mamba_hidden_act not in ("silu", "swish"):
             _fail("mamba_hidden_act", config.mamba_hidden_act, "'silu' (the conv activation)")
         if heads % tp:
             _fail("mamba_num_heads", heads, f"a multiple of tensor_parallel_size={tp}")
         if groups % tp and groups != 1:
             _fail("n_groups", groups, f"1 or a multiple of tensor_parallel_size={tp}")
-    cache = vllm_config.cache_config
-    if cache.mamba_cache_mode not in ("none", "align"):
-        _fail("mamba_cache_mode", cache.mamba_cache_mode, "'none' or 'align'")
-    if vllm_config.num_speculative_tokens:
-        _fail("num_speculative_tokens", vllm_config.num_speculative_tokens, "0")
+    if mamba_cache_mode(vllm_config) not in ("none", "align"):
+        _fail("mamba_cache_mode", mamba_cache_mode(vllm_config), "'none' or 'align'")
+    if speculative_tokens(vllm_config):
+        _fail("num_speculative_tokens", speculative_tokens(vllm_config), "0")
     if replayssm_enabled(vllm_config):
         _fail("use_replayssm", True, "False")

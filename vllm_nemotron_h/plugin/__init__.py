@@ -30,8 +30,3 @@ def register() -> None:
         return
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
 
-
-def model_class_name(model: object) -> str:
-    """``module.Class`` of a model; ``LLM.apply_model(model_class_name)`` asks a running
-    engine which implementation it built."""
-    return f"{type(model).__module__}.{type(model).__qualname__}"

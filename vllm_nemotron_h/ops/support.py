@@ -1,4 +1,8 @@
-"""Argument checks and the Triton-or-reference choice shared by the kernels in this folder."""
+"""What the ops support, in one place, and the argument checks every op interface shares.
+
+The ranges below are read by the ops' checks, by the model loader's validation
+(model_executor/validation.py) and by the tests; nothing else writes them down.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,10 @@ from collections.abc import Sequence
 
 import torch
 
+HEAD_DIM_RANGE = (32, 128)  # mamba_head_dim; 80 (not a power of two) included
+D_STATE_RANGE = (16, 256)  # ssm_state_size
+CONV_WIDTH_RANGE = (2, 4)  # conv_kernel
+CONV_ACTIVATIONS = (None, "silu", "swish")  # swish is silu
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -46,7 +54,8 @@ def check_tensor(
         )
 
 
-def check_range(name: str, value: int, low: int, high: int) -> None:
+def check_range(name: str, value: int, bounds: tuple[int, int]) -> None:
+    low, high = bounds
     if not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 

@@ -1,0 +1,163 @@
+"""The decode plan: every check, view and launch choice of a Mamba layer's per-step work,
+made once, so that a step runs no Python argument checks.
+
+``DecodePlan`` belongs to a KV-cache group (its metadata builder makes it with the slot
+buffer): the fused decode kernel's workspace, shared by the group's layers, and the launch
+table per batch size, resolved once per layer shape. ``LayerPlan`` binds one layer: at its
+first step with a state cache it checks the layer's state views, weights and the step's
+activation views (their layout is the same every step: column slices of the input
+projection) with the ops' own checks, then per step it launches the kernels directly (or
+runs the CPU paths): the decode tail, the prefill's slot copies and its gated group norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
+from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
+from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeLaunch, DecodeShape
+from vllm_nemotron_h.ops.mamba2_decode.kernel import DecodeWorkspace
+from vllm_nemotron_h.ops.rms_norm import interface as norm_op
+from vllm_nemotron_h.ops.rms_norm import kernel as norm_kernel
+from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
+from vllm_nemotron_h.ops.state_slot_copy import interface as copy_op
+from vllm_nemotron_h.ops.state_slot_copy import kernel as copy_kernel
+from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu, scatter_state_slots_cpu
+from vllm_nemotron_h.ops.support import use_triton
+
+
+class DecodePlan:
+    """One KV-cache group's shared decode resources for up to ``max_batch`` sequences."""
+
+    def __init__(self, max_batch: int, nheads: int, head_dim: int, device: torch.device) -> None:
+        self.max_batch = max_batch
+        self.device = device
+        self.workspace = (
+            DecodeWorkspace.allocate(max_batch, nheads, head_dim, device)
+            if device.type == "cuda"
+            else None
+        )
+        self._launches: dict[DecodeShape, tuple[DecodeLaunch, ...]] = {}
+
+    def launches(self, shape: DecodeShape) -> tuple[DecodeLaunch, ...]:
+        """The launch of every batch size 0..max_batch for a layer shape, resolved once."""
+        if shape not in self._launches:
+            table = tuple(
+                decode_op.resolve_launch(shape, b) for b in range(self.max_batch + 1)
+            )
+            for batch, launch in enumerate(table):
+                if launch.fused:
+                    decode_op.check_workspace(
+                        self.workspace, *launch.workspace_needs(shape, batch), shape.device
+                    )
+            self._launches[shape] = table
+        return self._launches[shape]
+
+
+@dataclass
+class LayerWeights:
+    """A Mamba layer's per-rank tensors the decode tail reads (fp32 A, D, dt_bias)."""
+
+    conv_weight: torch.Tensor
+    conv_bias: torch.Tensor | None
+    A: torch.Tensor
+    D: torch.Tensor
+    dt_bias: torch.Tensor
+    norm_weight: torch.Tensor
+    eps: float
+    group_size: int
+    decode_norm: bool  # False when the norm's group spans tensor-parallel ranks
+
+
+class LayerPlan:
+    """One layer's decode and prefill launches over its bound state cache (see module doc)."""
+
+    def __init__(
+        self,
+        plan: DecodePlan,
+        weights: LayerWeights,
+        kv_cache: object,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        gate: torch.Tensor,
+        out: torch.Tensor,
+        null_slot: int,
+    ) -> None:
+        """Checks the layer's tensors and this step's activation views (any rows)."""
+        w = weights
+        norm_weight = w.norm_weight if w.decode_norm else None
+        no_slots = torch.empty(0, dtype=torch.int64, device=xbc.device)
+        decode_op.check(
+            xbc, dt, gate, conv_state, w.conv_weight, w.conv_bias, ssm_state, w.A, w.D,
+            w.dt_bias, norm_weight, None, out,
+        )  # fmt: skip
+        if w.decode_norm:
+            norm_op.check_group(out, w.norm_weight, w.group_size, gate, out)
+        copy_op.check_state(ssm_state, no_slots)
+        self.kv_cache = kv_cache  # the binding this plan was made for
+        self.conv_state, self.ssm_state = conv_state, ssm_state
+        self.weights = weights
+        self.norm_weight = norm_weight
+        self.null_slot = null_slot
+        self.on_triton = use_triton(xbc)
+        self.workspace = plan.workspace
+        self.shape = DecodeShape.of(xbc, w.conv_weight, ssm_state)
+        self.launches = plan.launches(self.shape) if self.on_triton else ()
+
+    def decode(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        gate: torch.Tensor,
+        out: torch.Tensor,
+        state_slots: torch.Tensor,
+    ) -> None:
+        """Advances the decode rows' conv and SSM states by one token; ``out`` gets the
+        normalised (or, when the norm spans ranks, the gated) y."""
+        w = self.weights
+        args = (
+            xbc, dt, gate, self.conv_state, w.conv_weight, w.conv_bias, self.ssm_state,
+            w.A, w.D, w.dt_bias, self.norm_weight, w.eps,
+        )  # fmt: skip
+        if self.on_triton:
+            batch = xbc.shape[0]
+            launch = (
+                self.launches[batch] if batch < len(self.launches) else self._beyond_table(batch)
+            )
+            decode_op.run(launch, *args, self.workspace, state_slots, self.null_slot, out)
+        else:
+            mamba2_decode_cpu(*args, state_slots, self.null_slot, out)
+
+    def _beyond_table(self, batch: int) -> DecodeLaunch:
+        # More rows than max_num_seqs (a padded CUDA-graph batch): resolved and checked here.
+        launch = decode_op.resolve_launch(self.shape, batch)
+        if launch.fused:
+            needs = launch.workspace_needs(self.shape, batch)
+            decode_op.check_workspace(self.workspace, *needs, self.shape.device)
+        return launch
+
+    def gather_initial_states(
+        self, slots: torch.Tensor, has_initial: torch.Tensor
+    ) -> torch.Tensor:
+        if self.on_triton:
+            return copy_kernel.gather(self.ssm_state, slots, has_initial)
+        return gather_state_slots_cpu(self.ssm_state, slots, has_initial)
+
+    def scatter_final_states(self, slots: torch.Tensor, states: torch.Tensor) -> None:
+        if self.on_triton:
+            copy_kernel.scatter(self.ssm_state, slots, states)
+        else:
+            scatter_state_slots_cpu(self.ssm_state, slots, states)
+
+    def gated_group_norm(self, y: torch.Tensor, gate: torch.Tensor | None) -> None:
+        """Group RMSNorm of ``y`` in place, gated by silu(``gate``) first when given."""
+        w = self.weights
+        if self.on_triton:
+            norm_kernel.launch_group(y, w.norm_weight, w.group_size, w.eps, gate, y)
+        else:
+            group_rms_norm_cpu(y, w.norm_weight, w.group_size, w.eps, gate, y)

@@ -1,0 +1,22 @@
+"""The ops the plugin owns, one folder each: kernel.py (the Triton kernel and its unchecked
+launch), interface.py (argument checks, launch config, dispatch: the public function),
+reference.py (a slow, literal oracle for the tests; production never calls it) and cpu.py
+(the CPU serving path). support.py holds the supported ranges, launch_config.py the
+per-device launch tables (configs/), triton_helpers.py the device functions kernels share."""
+
+from vllm_nemotron_h.ops.causal_conv1d_update import causal_conv1d_update
+from vllm_nemotron_h.ops.mamba2_decode import DecodeWorkspace, mamba2_decode
+from vllm_nemotron_h.ops.rms_norm import group_rms_norm, rms_norm
+from vllm_nemotron_h.ops.selective_state_update import selective_state_update
+from vllm_nemotron_h.ops.state_slot_copy import gather_state_slots, scatter_state_slots
+
+__all__ = [
+    "DecodeWorkspace",
+    "causal_conv1d_update",
+    "gather_state_slots",
+    "group_rms_norm",
+    "mamba2_decode",
+    "rms_norm",
+    "scatter_state_slots",
+    "selective_state_update",
+]

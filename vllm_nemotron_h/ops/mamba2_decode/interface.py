@@ -1,0 +1,302 @@
+"""The decode tail of a Mamba2 layer: conv update -> state update -> gated group norm.
+
+For every sequence ``b`` (``slot_b = state_slots[b]``)::
+
+    xbc' = silu(causal_conv1d_update(xbc[b], conv_state[slot_b]))     (rolls conv_state)
+    x, B, C = split(xbc', [nheads * head_dim, ngroups * d_state, ngroups * d_state])
+    y    = selective_state_update(ssm_state[slot_b], x, dt, A, B, C, D, dt_bias, z)
+    out  = group_rms_norm(y, norm_weight, heads per group x head_dim, eps)   (when given)
+
+with the roundings of the three ops run one after the other: the conv output and y are
+rounded to the activation dtype where those ops store them. Without ``norm_weight`` the
+output is the gated y (the norm then runs apart, e.g. when its group spans tensor-parallel
+ranks). On the GPU it runs as one fused launch (kernel.py) up to a batch x heads size from
+the device's table, and as the three ops' kernels above it, where the fused launch's
+per-program arrival and the group's B and C windows every program convolves cost more.
+
+Shapes and dtypes:
+    xbc         (batch, nheads * head_dim + 2 * ngroups * d_state)   activation dtype, rows
+                may be strided (a view of the input projection)
+    dt          (batch, nheads); z, out (batch, nheads * head_dim)    activation dtype
+    conv_state  (num_slots, conv_dim, width - 1)                      any strides
+    conv_weight (conv_dim, width), conv_bias (conv_dim,)
+    ssm_state   (num_slots, nheads, head_dim, d_state)                state dtype
+    A, D, dt_bias (nheads,) fp32; norm_weight (nheads * head_dim,); state_slots (batch,) int64
+Supported ranges and dtypes: ops/support.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_nemotron_h.ops import launch_config as configs
+from vllm_nemotron_h.ops.causal_conv1d_update import interface as conv_op
+from vllm_nemotron_h.ops.causal_conv1d_update import kernel as conv_kernel
+from vllm_nemotron_h.ops.mamba2_decode import kernel
+from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
+from vllm_nemotron_h.ops.mamba2_decode.kernel import MIN_BLOCK_M, DecodeWorkspace
+from vllm_nemotron_h.ops.rms_norm import kernel as norm_kernel
+from vllm_nemotron_h.ops.selective_state_update import interface as ssu_op
+from vllm_nemotron_h.ops.selective_state_update import kernel as ssu_kernel
+from vllm_nemotron_h.ops.support import (
+    ACTIVATION_DTYPES,
+    CONV_WIDTH_RANGE,
+    D_STATE_RANGE,
+    HEAD_DIM_RANGE,
+    STATE_DTYPES,
+    check_range,
+    check_slots,
+    check_tensor,
+    use_triton,
+)
+
+# Without a device table: the one launch up to this batch x heads (its H100 crossover).
+DEFAULT_FUSED_MAX_BATCH_HEADS = 1024
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """What the launch choice depends on besides the batch: one Mamba layer's per-rank shape."""
+
+    nheads: int
+    head_dim: int
+    d_state: int
+    ngroups: int
+    width: int
+    state_dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, xbc: torch.Tensor, conv_weight: torch.Tensor, ssm_state: torch.Tensor):
+        _, nheads, head_dim, d_state = ssm_state.shape
+        ngroups = (xbc.shape[1] - nheads * head_dim) // (2 * d_state)
+        return cls(
+            nheads, head_dim, d_state, ngroups, conv_weight.shape[1], ssm_state.dtype, xbc.device
+        )
+
+    @property
+    def group_rows(self) -> int:
+        return self.nheads * self.head_dim // self.ngroups
+
+    @property
+    def conv_dim(self) -> int:
+        return self.nheads * self.head_dim + 2 * self.ngroups * self.d_state
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """How one batch size runs: the fused launch's tile or the three kernels' configs."""
+
+    fused: bool
+    fused_config: tuple[int, int]  # (BLOCK_M, num_warps) of the fused kernel
+    conv_config: tuple[int, int]  # (BLOCK_D, num_warps) of the conv kernel
+    ssu_config: tuple[int, int]  # (BLOCK_M, num_warps) of the state-update kernel
+
+    def workspace_needs(self, shape: DecodeShape, batch: int) -> tuple[int, int]:
+        """(counters, partial sums) the fused launch needs at ``batch``."""
+        n_tiles = shape.nheads * shape.head_dim // self.fused_config[0]
+        return batch * shape.ngroups, batch * n_tiles
+
+
+def _fused_tile_fits(shape: DecodeShape, block_m: int) -> bool:
+    # A group of heads x head_dim rows without a power-of-two divisor >= MIN_BLOCK_M (e.g.
+    # head_dim 34, one head per group) cannot be tiled for the one launch.
+    return shape.group_rows % block_m == 0 and block_m >= MIN_BLOCK_M
+
+
+@configs.cached
+def resolve_launch(shape: DecodeShape, batch: int) -> DecodeLaunch:
+    """The device table's choice for ``batch`` sequences."""
+    batch_heads = batch * shape.nheads
+    fused_config = configs.plane_tile_config(
+        "mamba2_decode",
+        shape.device,
+        shape.head_dim,
+        shape.d_state,
+        shape.state_dtype,
+        batch_heads,
+        shape.group_rows,
+    )
+    fused_max = configs.table("mamba2_decode_fused_max_batch_heads", shape.device)
+    fused_max = DEFAULT_FUSED_MAX_BATCH_HEADS if fused_max is None else fused_max
+    return DecodeLaunch(
+        fused=_fused_tile_fits(shape, fused_config[0]) and batch_heads <= fused_max,
+        fused_config=fused_config,
+        conv_config=conv_op.launch_config(shape.device, batch * shape.conv_dim),
+        ssu_config=ssu_op.launch_config(
+            shape.device,
+            shape.head_dim,
+            shape.d_state,
+            shape.state_dtype,
+            batch_heads,
+            shape.group_rows,
+        ),
+    )
+
+
+def check(
+    xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
+    norm_weight, state_slots, out,
+) -> None:  # fmt: skip
+    """Raises ValueError naming the first argument that does not fit."""
+    check_tensor("xbc", xbc, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
+    batch, conv_dim = xbc.shape
+    dev = xbc.device
+    check_tensor("ssm_state", ssm_state, (None, None, None, None), STATE_DTYPES, dev, True)
+    _, nheads, head_dim, d_state = ssm_state.shape
+    check_range("head_dim", head_dim, HEAD_DIM_RANGE)
+    check_range("d_state", d_state, D_STATE_RANGE)
+    inner = nheads * head_dim
+    bc_dim = conv_dim - inner
+    ngroups = bc_dim // (2 * d_state)
+    if bc_dim <= 0 or bc_dim % (2 * d_state) or nheads % ngroups:
+        raise ValueError(
+            f"xbc.shape[1]={conv_dim} must be nheads*head_dim ({inner}) + 2*ngroups*d_state "
+            f"(d_state={d_state}) with ngroups dividing nheads={nheads}"
+        )
+    check_tensor("dt", dt, (batch, nheads), ACTIVATION_DTYPES, dev)
+    check_tensor("z", z, (batch, inner), ACTIVATION_DTYPES, dev, True)
+    check_tensor("conv_weight", conv_weight, (conv_dim, None), ACTIVATION_DTYPES, dev)
+    width = conv_weight.shape[1]
+    check_range("conv_weight.shape[1] (conv width)", width, CONV_WIDTH_RANGE)
+    check_tensor("conv_state", conv_state, (None, conv_dim, width - 1), STATE_DTYPES, dev)
+    if conv_bias is not None:
+        check_tensor("conv_bias", conv_bias, (conv_dim,), ACTIVATION_DTYPES, dev)
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        check_tensor(name, t, (nheads,), (torch.float32,), dev)
+    if norm_weight is not None:
+        check_tensor("norm_weight", norm_weight, (inner,), ACTIVATION_DTYPES, dev)
+    check_slots(state_slots, batch, dev)
+    if out is not None:
+        check_tensor("out", out, (batch, inner), (xbc.dtype,), dev, True)
+
+
+def check_workspace(
+    workspace: DecodeWorkspace | None, counters: int, partial_sums: int, device: torch.device
+) -> None:
+    """Raises ValueError unless ``workspace`` holds that many of each on ``device``."""
+    if (
+        workspace is not None
+        and workspace.counters.numel() >= counters
+        and workspace.partial_sums.numel() >= partial_sums
+        and workspace.counters.device == device
+    ):
+        return
+    have = (
+        "None"
+        if workspace is None
+        else f"{workspace.counters.numel()} counters and {workspace.partial_sums.numel()} "
+        f"partial sums on {workspace.counters.device}"
+    )
+    raise ValueError(
+        f"workspace holds {have}; the fused launch needs a DecodeWorkspace with {counters} "
+        f"and {partial_sums} on {device}"
+    )
+
+
+def run(
+    launch: DecodeLaunch,
+    xbc: torch.Tensor,
+    dt: torch.Tensor,
+    z: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    ssm_state: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    workspace: DecodeWorkspace | None,
+    state_slots: torch.Tensor | None,
+    null_slot: int,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Runs a resolved launch on the GPU (or the Triton interpreter); no checks."""
+    if launch.fused:
+        return kernel.launch(
+            xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
+            norm_weight, eps, workspace, state_slots, null_slot, out, *launch.fused_config,
+        )  # fmt: skip
+    batch = xbc.shape[0]
+    _, nheads, head_dim, d_state = ssm_state.shape
+    inner = nheads * head_dim
+    ngroups = (xbc.shape[1] - inner) // (2 * d_state)
+    conv = torch.empty(xbc.shape, dtype=xbc.dtype, device=xbc.device)
+    conv_kernel.launch(
+        xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot, conv,
+        *launch.conv_config,
+    )  # fmt: skip
+    x, B, C = torch.split(conv, [inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    ssu_kernel.launch(
+        ssm_state,
+        x.view(batch, nheads, head_dim),
+        dt,
+        A,
+        B.view(batch, ngroups, d_state),
+        C.view(batch, ngroups, d_state),
+        D,
+        dt_bias,
+        z.view(batch, nheads, head_dim),
+        state_slots,
+        null_slot,
+        out.view(batch, nheads, head_dim),
+        *launch.ssu_config,
+    )
+    if norm_weight is not None:
+        norm_kernel.launch_group(out, norm_weight, inner // ngroups, eps, out=out)
+    return out
+
+
+def mamba2_decode(
+    xbc: torch.Tensor,
+    dt: torch.Tensor,
+    z: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    ssm_state: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    workspace: DecodeWorkspace | None = None,
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+    config: tuple[int, int] | None = None,
+    fuse: bool | None = None,
+) -> torch.Tensor:
+    """Advances both states of every sequence by one token in place and returns ``out``
+    (batch, nheads * head_dim): normalised when ``norm_weight`` is given, else gated y.
+    ``fuse``: one launch (True), the three ops' kernels (False), or the device table's
+    choice (None). The one launch needs ``workspace``; ``config`` = (BLOCK_M, num_warps)
+    overrides its table."""
+    check(
+        xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
+        norm_weight, state_slots, out,
+    )  # fmt: skip
+    if out is None:
+        out = torch.empty_like(z)
+    args = (xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias)
+    if not use_triton(xbc):
+        return mamba2_decode_cpu(*args, norm_weight, eps, state_slots, null_slot, out)
+    shape = DecodeShape.of(xbc, conv_weight, ssm_state)
+    batch = xbc.shape[0]
+    launch = resolve_launch(shape, batch)
+    if config is not None or fuse is not None:
+        fused_config = config or launch.fused_config
+        if (config is not None or fuse) and not _fused_tile_fits(shape, fused_config[0]):
+            raise ValueError(
+                f"BLOCK_M={fused_config[0]} must be >= {MIN_BLOCK_M} and divide heads per "
+                f"group x head_dim = {shape.group_rows} for the fused launch"
+            )
+        fused = launch.fused if fuse is None else fuse
+        launch = DecodeLaunch(fused, fused_config, launch.conv_config, launch.ssu_config)
+    if launch.fused:
+        check_workspace(workspace, *launch.workspace_needs(shape, batch), xbc.device)
+    return run(launch, *args, norm_weight, eps, workspace, state_slots, null_slot, out)

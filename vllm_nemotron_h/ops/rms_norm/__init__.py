@@ -1,0 +1,6 @@
+"""RMSNorm and grouped RMSNorm: kernel.py (Triton), interface.py (checks, dispatch),
+reference.py (the literal oracle), cpu.py (the CPU serving path)."""
+
+from vllm_nemotron_h.ops.rms_norm.interface import group_rms_norm, rms_norm
+
+__all__ = ["group_rms_norm", "rms_norm"]

@@ -1,0 +1,78 @@
+"""RMSNorm (optionally fused with the residual add) and grouped RMSNorm, inference only.
+
+``rms_norm(x, weight, eps, residual)``::
+
+    r   = x + residual                 (rounded to x.dtype; returned as the new residual)
+    out = r * rsqrt(mean(r^2) + eps) * weight
+
+``group_rms_norm(x, weight, group_size, eps, z, out)`` normalises each contiguous group of
+``group_size`` channels on its own (Mamba2's gated norm with ``n_groups`` groups); with a
+gate ``z`` the input is ``x * silu(z)`` first (the prefill path; decode gates in the state
+update already). ``out`` may be ``x`` itself (in place: each program reads its group before
+it writes it), which saves the model a copy per Mamba layer.
+
+Shapes: x, residual, z, out (tokens, hidden), weight (hidden,); any float dtype, math in
+fp32. Inference mode: nothing but the outputs is allocated or written (no rstd).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_nemotron_h.ops.rms_norm import kernel
+from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu, rms_norm_cpu
+from vllm_nemotron_h.ops.support import ACTIVATION_DTYPES, check_tensor, use_triton
+
+
+def _check_rows(name: str, t: torch.Tensor, like: torch.Tensor | None = None) -> None:
+    if like is None:
+        check_tensor(name, t, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
+    else:
+        check_tensor(name, t, tuple(like.shape), ACTIVATION_DTYPES, like.device, True)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Returns the normalised rows, and with ``residual`` also ``x + residual``."""
+    _check_rows("x", x)
+    check_tensor("weight", weight, (x.shape[1],), ACTIVATION_DTYPES, x.device)
+    if residual is not None:
+        _check_rows("residual", residual, x)
+    if not use_triton(x):
+        return rms_norm_cpu(x, weight, eps, residual)
+    return kernel.launch(x, weight, eps, residual)
+
+
+def check_group(x, weight, group_size, z, out) -> None:
+    """Raises ValueError naming the first argument of ``group_rms_norm`` that does not fit."""
+    _check_rows("x", x)
+    hidden = x.shape[1]
+    check_tensor("weight", weight, (hidden,), ACTIVATION_DTYPES, x.device)
+    if group_size <= 0 or hidden % group_size:
+        raise ValueError(f"group_size must divide the hidden size {hidden}, got {group_size}")
+    if z is not None:
+        _check_rows("z", z, x)
+    if out is not None:
+        _check_rows("out", out, x)
+        if out.dtype != x.dtype:
+            raise ValueError(f"out must have x's dtype {x.dtype}, got {out.dtype}")
+
+
+def group_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    group_size: int,
+    eps: float,
+    z: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Normalises each group of ``group_size`` channels; gates with silu(z) first if given.
+    Writes into ``out`` when given (``x`` itself is allowed) and returns it."""
+    check_group(x, weight, group_size, z, out)
+    if not use_triton(x):
+        return group_rms_norm_cpu(x, weight, group_size, eps, z, out)
+    return kernel.launch_group(x, weight, group_size, eps, z, out)

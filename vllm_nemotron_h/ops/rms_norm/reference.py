@@ -1,0 +1,47 @@
+"""RMSNorm and grouped RMSNorm written as their formulas, one row and group at a time, in
+fp64 on the CPU (the test oracle; production never calls them)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _normalised(v: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return v / torch.sqrt((v * v).mean() + eps) * w
+
+
+def rms_norm_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Same arguments and results as ``rms_norm`` (see interface.py)."""
+    if residual is not None:
+        # The sum is rounded to x's dtype: it is the residual the next layer adds.
+        x = (x.double() + residual.double()).to(x.dtype)
+    xs, w = x.detach().cpu().double(), weight.detach().cpu().double()
+    out = torch.empty_like(x)
+    for r in range(x.shape[0]):
+        out[r] = _normalised(xs[r], w, eps)
+    return (out, x) if residual is not None else out
+
+
+def group_rms_norm_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    group_size: int,
+    eps: float,
+    z: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Same arguments and result as ``group_rms_norm`` (see interface.py)."""
+    xs, w = x.detach().cpu().double(), weight.detach().cpu().double()
+    if z is not None:
+        xs = xs * torch.nn.functional.silu(z.detach().cpu().double())
+    result = torch.empty_like(xs)
+    for r in range(x.shape[0]):
+        for start in range(0, x.shape[1], group_size):
+            group = slice(start, start + group_size)
+            result[r, group] = _normalised(xs[r, group], w[group], eps)
+    return out.copy_(result) if out is not None else result.to(x.device, x.dtype)

@@ -1,0 +1,118 @@
+"""Selective state update: one decode step of a Mamba2 layer, all math in fp32.
+
+For every sequence ``b``, head ``h``, row ``p`` of the head and state column ``n``::
+
+    dt'   = softplus(dt[b, h] + dt_bias[h])
+    s     = state[slot_b, h, p, n] * exp(A[h] * dt') + dt' * B[b, g, n] * x[b, h, p]
+    y     = sum_n s * C[b, g, n] + D[h] * x[b, h, p]
+    y    *= silu(z[b, h, p])                       (when z is given)
+    state[slot_b, h, p, n] = s ;  out[b, h, p] = y
+
+with ``g = h // (nheads // ngroups)`` and ``slot_b = state_slots[b]`` (``b`` itself when no
+slots are given). Rows whose slot equals ``null_slot`` (vLLM's padding) neither read nor
+write the state; their output is zero.
+
+Shapes and dtypes:
+    state      (num_slots, nheads, head_dim, d_state)  fp32 / bf16 / fp16, updated in place
+    x, z, out  (batch, nheads, head_dim)               activation dtype (fp32 / bf16 / fp16)
+    dt         (batch, nheads)                          activation dtype
+    A, D, dt_bias (nheads,)                             fp32; A = -exp(A_log), computed at load
+    B, C       (batch, ngroups, d_state)                activation dtype
+    state_slots (batch,)                                int64
+Supported: ops/support.py (head_dim, d_state ranges; ngroups dividing nheads).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_nemotron_h.ops import launch_config as configs
+from vllm_nemotron_h.ops.selective_state_update import kernel
+from vllm_nemotron_h.ops.selective_state_update.cpu import selective_state_update_cpu
+from vllm_nemotron_h.ops.support import (
+    ACTIVATION_DTYPES,
+    D_STATE_RANGE,
+    HEAD_DIM_RANGE,
+    STATE_DTYPES,
+    check_range,
+    check_slots,
+    check_tensor,
+    use_triton,
+)
+
+
+@configs.cached
+def launch_config(
+    device: torch.device,
+    head_dim: int,
+    d_state: int,
+    state_dtype: torch.dtype,
+    batch_heads: int,
+    group_rows: int,
+) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) of one launch, from the device's table."""
+    return configs.plane_tile_config(
+        "selective_state_update", device, head_dim, d_state, state_dtype, batch_heads, group_rows
+    )
+
+
+def check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out) -> None:
+    """Raises ValueError naming the first argument that does not fit."""
+    check_tensor("x", x, (None, None, None), ACTIVATION_DTYPES)
+    batch, nheads, head_dim = x.shape
+    dev = x.device
+    check_tensor("state", state, (None, nheads, head_dim, None), STATE_DTYPES, dev, True)
+    d_state = state.shape[-1]
+    check_range("head_dim", head_dim, HEAD_DIM_RANGE)
+    check_range("d_state", d_state, D_STATE_RANGE)
+    check_tensor("dt", dt, (batch, nheads), ACTIVATION_DTYPES, dev)
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        check_tensor(name, t, (nheads,), (torch.float32,), dev)
+    check_tensor("B", B, (batch, None, d_state), ACTIVATION_DTYPES, dev)
+    ngroups = B.shape[1]
+    if ngroups == 0 or nheads % ngroups:
+        raise ValueError(f"B.shape[1] (ngroups={ngroups}) must divide nheads={nheads}")
+    check_tensor("C", C, (batch, ngroups, d_state), ACTIVATION_DTYPES, dev)
+    if z is not None:
+        check_tensor("z", z, (batch, nheads, head_dim), ACTIVATION_DTYPES, dev)
+    if out is not None:
+        check_tensor("out", out, (batch, nheads, head_dim), ACTIVATION_DTYPES, dev)
+    check_slots(state_slots, batch, dev)
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    z: torch.Tensor | None = None,
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+    config: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Advances ``state`` by one token in place and returns ``out`` (see module doc).
+    ``config`` = (BLOCK_M, num_warps) overrides the device's launch table."""
+    check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out)
+    batch, nheads, head_dim = x.shape
+    group_rows = nheads // B.shape[1] * head_dim
+    if config is not None and group_rows % config[0]:
+        raise ValueError(
+            f"config BLOCK_M={config[0]} must divide heads per group x head_dim = {group_rows}"
+        )
+    if out is None:
+        out = torch.empty_like(x)
+    if not use_triton(x):
+        return selective_state_update_cpu(
+            state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out
+        )
+    block_m, num_warps = config or launch_config(
+        x.device, head_dim, state.shape[-1], state.dtype, batch * nheads, group_rows
+    )
+    return kernel.launch(
+        state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out, block_m, num_warps
+    )

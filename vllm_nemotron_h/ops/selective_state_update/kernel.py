@@ -1,0 +1,156 @@
+"""The Triton kernel of the selective state update and its launch (no checks): see
+interface.py for the math, shapes and supported ranges.
+
+One Triton program owns BLOCK_M consecutive rows of the (head, row) plane of one sequence:
+a block may span several heads (head_dim 80 takes 32- or 64-row tiles without masked rows)
+but never two groups, so B and C are loaded once per program. Each program reads its state
+tile once and writes it once: the kernel moves the minimum number of bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_nemotron_h.ops.triton_helpers import plane_tile, state_step
+
+
+@triton.jit
+def _selective_state_update_kernel(
+    state_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    dt_bias_ptr,
+    z_ptr,
+    out_ptr,
+    slots_ptr,
+    null_slot,
+    d_state,
+    group_rows,
+    s_slot,
+    s_head,
+    s_dim,
+    x_b,
+    x_h,
+    x_d,
+    dt_b,
+    dt_h,
+    B_b,
+    B_g,
+    B_n,
+    C_b,
+    C_g,
+    C_n,
+    z_b,
+    z_h,
+    z_d,
+    o_b,
+    o_h,
+    o_d,
+    HEAD_DIM: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    first_row = tl.program_id(0) * BLOCK_M
+    b = tl.program_id(1).to(tl.int64)
+    g = first_row // group_rows  # BLOCK_M divides group_rows: one group per program
+    slot, rows, h, p, cols, col_ok, live, tile_ok = plane_tile(
+        slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS, BLOCK_M, BLOCK_N
+    )
+
+    # Issue every load before the arithmetic that needs it.
+    row_offsets = h * s_head + p * s_dim
+    state_ptrs = state_ptr + slot * s_slot + row_offsets[:, None] + cols[None, :]
+    s = tl.load(state_ptrs, mask=tile_ok, other=0.0)
+    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
+    Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
+    dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+    A = tl.load(A_ptr + h)
+    D = tl.load(D_ptr + h)
+
+    s = state_step(s, x, Bv, dt, A)
+    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+    y = tl.sum(s * Cv[None, :], axis=1) + D * x
+    if HAS_Z:
+        y = y * z * tl.sigmoid(z)
+    y = tl.where(live, y, 0.0)
+    tl.store(out_ptr + b * o_b + h * o_h + p * o_d, y.to(out_ptr.dtype.element_ty))
+
+
+def launch(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    z: torch.Tensor | None,
+    state_slots: torch.Tensor | None,
+    null_slot: int,
+    out: torch.Tensor,
+    block_m: int,
+    num_warps: int,
+) -> torch.Tensor:
+    """Launches the kernel; no argument checks (the interface and the decode plan check)."""
+    batch, nheads, head_dim = x.shape
+    group_rows = nheads // B.shape[1] * head_dim
+    if batch == 0:
+        return out
+    d_state = state.shape[-1]
+    zz = z if z is not None else x
+    grid = (nheads * head_dim // block_m, batch)
+    _selective_state_update_kernel[grid](
+        state,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        dt_bias,
+        zz,
+        out,
+        state_slots if state_slots is not None else x,
+        null_slot,
+        d_state,
+        group_rows,
+        state.stride(0),
+        state.stride(1),
+        state.stride(2),
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        dt.stride(0),
+        dt.stride(1),
+        B.stride(0),
+        B.stride(1),
+        B.stride(2),
+        C.stride(0),
+        C.stride(1),
+        C.stride(2),
+        zz.stride(0),
+        zz.stride(1),
+        zz.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        HEAD_DIM=head_dim,
+        HAS_Z=z is not None,
+        HAS_SLOTS=state_slots is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=triton.next_power_of_2(d_state),
+        num_warps=num_warps,
+    )
+    return out

@@ -1,0 +1,20 @@
+"""The CPU serving paths of the state slot copies: PyTorch indexing."""
+
+from __future__ import annotations
+
+import torch
+
+
+def gather_state_slots_cpu(
+    state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor | None
+) -> torch.Tensor:
+    """Same arguments and result as the interface's ``gather_state_slots``; no checks."""
+    rows = state[slots.long()]
+    if has_initial is None:
+        return rows
+    return torch.where(has_initial.view(-1, *[1] * (state.dim() - 1)), rows, 0)
+
+
+def scatter_state_slots_cpu(state: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """Same arguments and effect as the interface's ``scatter_state_slots``; no checks."""
+    state[slots.long()] = values

@@ -1,0 +1,88 @@
+"""The Triton kernel of the state slot copies and its launches (no checks): see
+interface.py. One pass of wide loads and stores per row; a gathered row without an initial
+state reads nothing."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 4096
+_WARPS = 8
+
+
+@triton.jit
+def _state_slot_copy_kernel(
+    src_ptr,
+    dst_ptr,
+    slots_ptr,
+    keep_ptr,
+    per_slot,
+    src_row,
+    dst_row,
+    GATHER: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < per_slot
+    # int64 before the multiply: slot x slot stride passes 2^31 in a large state cache.
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    if GATHER:
+        src = src_ptr + slot * src_row
+        dst = dst_ptr + row * dst_row
+    else:
+        src = src_ptr + row * src_row
+        dst = dst_ptr + slot * dst_row
+    load_end = per_slot
+    if HAS_KEEP:  # a row without an initial state reads nothing and stores zeros
+        load_end = tl.where(tl.load(keep_ptr + row) != 0, per_slot, 0)
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < load_end, other=0), mask=ok)
+
+
+def launch(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    slots: torch.Tensor,
+    keep: torch.Tensor | None,
+    src_row: int,
+    dst_row: int,
+    gather: bool,
+) -> None:
+    """Copies each row between ``src`` and ``dst`` through ``slots`` (``gather``: from slot to
+    row, else row to slot); ``keep`` (uint8) zeroes gathered rows. No checks (the interface
+    and the decode plan check)."""
+    per_slot = math.prod(dst.shape[1:])
+    if slots.shape[0] and per_slot:
+        _state_slot_copy_kernel[(slots.shape[0], triton.cdiv(per_slot, _BLOCK))](
+            src,
+            dst,
+            slots,
+            keep if keep is not None else slots,
+            per_slot,
+            src_row,
+            dst_row,
+            GATHER=gather,
+            HAS_KEEP=keep is not None,
+            BLOCK=_BLOCK,
+            num_warps=_WARPS,
+        )
+
+
+def gather(
+    state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor | None
+) -> torch.Tensor:
+    """The gather's launch into a new (rows, *per_slot) tensor; no checks."""
+    out = torch.empty((slots.shape[0], *state.shape[1:]), dtype=state.dtype, device=state.device)
+    keep = has_initial.view(torch.uint8) if has_initial is not None else None
+    launch(state, out, slots, keep, state.stride(0), out.stride(0), True)
+    return out
+
+
+def scatter(state: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """The scatter's launch; no checks."""
+    launch(values, state, slots, None, values.stride(0), state.stride(0), False)

