@@ -1,4 +1,4 @@
-"""The selective state update written as its formula, one sequence and head at a time, in
+"""The selective state update written as its formula, one sequence at a time, in
 fp64 on the CPU (the test oracle; production never calls it)."""
 
 from __future__ import annotations
@@ -28,19 +28,21 @@ def selective_state_update_reference(
     zs = z.detach().cpu().double() if z is not None else None
     bias = dt_bias.detach().cpu().double()
     y = torch.zeros(batch, nheads, head_dim, dtype=torch.float64)
+    group = torch.arange(nheads) // heads_per_group  # the group of each head
     for b in range(batch):
         slot = int(state_slots[b]) if state_slots is not None else b
         if slot == null_slot:
             continue
-        for h in range(nheads):
-            g = h // heads_per_group
-            dt_h = torch.nn.functional.softplus(dts[b, h] + bias[h])
-            s = state[slot, h].cpu().double()  # (head_dim, d_state)
-            s = s * torch.exp(As[h] * dt_h) + dt_h * xs[b, h][:, None] * Bs[b, g][None, :]
-            state[slot, h] = s.to(state.dtype)
-            y[b, h] = s @ Cs[b, g] + Ds[h] * xs[b, h]
-            if zs is not None:
-                y[b, h] *= torch.nn.functional.silu(zs[b, h])
+        dt_b = torch.nn.functional.softplus(dts[b] + bias)  # (nheads,)
+        Bh, Ch = Bs[b, group], Cs[b, group]  # (nheads, d_state): each head's group
+        s = state[slot].cpu().double()  # (nheads, head_dim, d_state)
+        s = s * torch.exp(As * dt_b)[:, None, None] + (dt_b[:, None] * xs[b])[..., None] * Bh[
+            :, None, :
+        ]
+        state[slot] = s.to(state.dtype)
+        y[b] = (s * Ch[:, None, :]).sum(-1) + Ds[:, None] * xs[b]
+        if zs is not None:
+            y[b] *= torch.nn.functional.silu(zs[b])
     if out is None:
         out = torch.empty_like(x)
     return out.copy_(y)
