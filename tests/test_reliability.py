@@ -1,5 +1,5 @@
 """No sequence ever sees another's state, and the server keeps serving: concurrent load,
-clients that disconnect mid-stream, preemption, bad requests (issue #5).
+clients that disconnect mid-stream, preemption, bad requests.
 
 All requests are greedy, so "correct" means: the same tokens as the same request sent alone.
 Inputs are random every run; the seed is in every failure message. Loopback only."""

@@ -1,4 +1,4 @@
-"""Tensor parallel with Ray on GPUs, the way users start it (issue #4, item 4):
+"""Tensor parallel with Ray on GPUs, the way users start it:
 ``tensor_parallel_size=2, distributed_executor_backend="ray"`` gives the greedy tokens of
 TP=1 on a small fp32 checkpoint. Skipped without two GPUs and Ray (run on nvidia-h200-x2)."""
 

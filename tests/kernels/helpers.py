@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_nemotron_h.testing.op_inputs import Draw
+
 GPU = torch.cuda.is_available()
 DEVICES = [
     pytest.param("cpu", id="cpu-interpreter", marks=pytest.mark.skipif(GPU, reason="GPU present")),
@@ -30,10 +32,10 @@ def tolerance(act: torch.dtype, state_dtype: torch.dtype, device: str) -> float:
     return max(TOL[act], TOL[state_dtype])
 
 
-def seeded_generator(device: str) -> torch.Generator:
-    """A generator on ``device`` seeded from torch's global generator, which the autouse
-    fixture in conftest.py seeds per test (printed, replayable)."""
-    return torch.Generator(device=device).manual_seed(int(torch.randint(2**31, (1,))))
+def draw(device: str) -> Draw:
+    """Inputs on ``device`` from a generator seeded from torch's global generator, which the
+    autouse fixture in conftest.py seeds per test (printed, replayable)."""
+    return Draw.seeded(int(torch.randint(2**31, (1,))), device)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

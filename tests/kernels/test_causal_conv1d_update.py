@@ -1,30 +1,15 @@
 import pytest
 import torch
-from helpers import DEVICES, TOL, poisoned, rel_err, seeded_generator
+from helpers import DEVICES, TOL, draw, poisoned, rel_err
 
 from vllm_nemotron_h.ops import causal_conv1d_update
 from vllm_nemotron_h.ops.causal_conv1d_update.cpu import causal_conv1d_update_cpu
 from vllm_nemotron_h.ops.causal_conv1d_update.reference import causal_conv1d_update_reference
+from vllm_nemotron_h.testing.op_inputs import conv_inputs
 
 
 def make(device, batch, dim, width, dtype, state_dim_first, bias):
-    g = seeded_generator(device)
-    rnd = lambda *s: torch.randn(*s, generator=g, device=device).to(dtype)  # noqa: E731
-    slots_total = batch + 2
-    if state_dim_first:
-        state = rnd(slots_total, dim, width - 1)
-    else:  # vLLM's "SD" layout: (slot, width-1, dim) seen transposed
-        state = rnd(slots_total, width - 1, dim).transpose(-1, -2)
-    x = rnd(batch, dim + 8)[:, 4 : 4 + dim]  # strided rows, as in the projection output
-    slots = torch.randperm(slots_total - 1, generator=g, device=device)[:batch] + 1
-    slots[-1] = 0
-    return dict(
-        x=x,
-        conv_state=state,
-        weight=rnd(dim, width),
-        bias=rnd(dim) if bias else None,
-        state_slots=slots,
-    )
+    return conv_inputs(draw(device), dim, width, batch, dtype, bias=bias, dim_first=state_dim_first)
 
 
 @pytest.mark.parametrize("device", DEVICES)

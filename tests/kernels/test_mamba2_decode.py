@@ -1,10 +1,11 @@
 import pytest
 import torch
-from helpers import DEVICES, poisoned, rel_err, seeded_generator, tolerance
+from helpers import DEVICES, draw, poisoned, rel_err, tolerance
 
 from vllm_nemotron_h.ops import DecodeWorkspace, mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
+from vllm_nemotron_h.testing.op_inputs import MambaShape, decode_inputs
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (4, 32, 32, 1), (8, 32, 16, 4)]
@@ -14,36 +15,10 @@ GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 2
 def make_inputs(device, batch, shape, state_dtype, act, width=4, bias=True, dim_first=True):
     """Inputs as the engine passes them: xbc, z and dt are strided views of one projection
     row, vLLM's null slot 0 pads row 0."""
-    nheads, head_dim, d_state, ngroups = shape
-    g = seeded_generator(device)
-
-    def rnd(*s, dtype=torch.float32):
-        return torch.randn(*s, generator=g, device=device).to(dtype)
-
-    inner = nheads * head_dim
-    conv_dim = inner + 2 * ngroups * d_state
-    proj = rnd(batch, inner + conv_dim + nheads, dtype=act)
-    slots_total = batch + 3
-    if dim_first:
-        conv_state = rnd(slots_total, conv_dim, width - 1, dtype=act)
-    else:  # vLLM's "SD" layout seen transposed
-        conv_state = rnd(slots_total, width - 1, conv_dim, dtype=act).transpose(-1, -2)
-    slots = torch.randperm(slots_total - 1, generator=g, device=device)[:batch] + 1
-    slots[0] = 0
-    return dict(
-        xbc=proj[:, inner : inner + conv_dim],
-        dt=proj[:, inner + conv_dim :],
-        z=proj[:, :inner],
-        conv_state=conv_state,
-        conv_weight=rnd(conv_dim, width, dtype=act) * 0.5,
-        conv_bias=rnd(conv_dim, dtype=act) if bias else None,
-        ssm_state=rnd(slots_total, nheads, head_dim, d_state, dtype=state_dtype),
-        A=-rnd(nheads).abs() - 0.1,
-        D=rnd(nheads),
-        dt_bias=rnd(nheads) * 0.5,
-        norm_weight=rnd(inner, dtype=act),
-        state_slots=slots,
-    )
+    return decode_inputs(
+        draw(device), MambaShape(*shape, width), batch, state_dtype, act, bias=bias,
+        dim_first=dim_first,
+    )  # fmt: skip
 
 
 def check(device, shape, batch, state_dtype, act, norm=True, config=None, fuse=True, **layout):

@@ -41,6 +41,9 @@ from vllm_nemotron_h.ops.state_slot_copy.reference import (
 
 DEV = "cuda" if GPU else "cpu"
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float16])
+# Every tensor comes from torch's generator seeded with a drawn seed: hypothesis prints it with
+# a failing example, and the example replays exactly.
+SEEDS = st.integers(0, 2**32 - 1)
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 OUTCOMES: Counter[tuple[str, str]] = Counter()  # (entry point, "ok" | "refused")
 WHERE = "" if GPU else " (Triton interpreter)"
@@ -101,6 +104,7 @@ SSU_BROKEN = [None, None, None, ("head_dim", 8), ("head_dim", 130), ("d_state", 
 
 @SETTINGS
 @given(
+    seed=SEEDS,
     batch=st.integers(0, 3),
     nheads=st.sampled_from([2, 4, 6, 8]),
     head_dim=st.sampled_from([32, 48, 64, 80, 128]),
@@ -114,8 +118,20 @@ SSU_BROKEN = [None, None, None, ("head_dim", 8), ("head_dim", 130), ("d_state", 
     strided_x=st.booleans(),
 )
 def test_selective_state_update_property(
-    batch, nheads, head_dim, d_state, ngroups, broken, state_dtype, act, gate, slots, strided_x
+    seed,
+    batch,
+    nheads,
+    head_dim,
+    d_state,
+    ngroups,
+    broken,
+    state_dtype,
+    act,
+    gate,
+    slots,
+    strided_x,
 ):
+    torch.manual_seed(seed)  # hypothesis draws the values through this seed
     sizes = dict(head_dim=head_dim, d_state=d_state, ngroups=ngroups)
     if broken:
         sizes[broken[0]] = broken[1]
@@ -155,6 +171,7 @@ CONV_BROKEN = [None, None, None, "x must be contiguous", "conv width", "activati
 
 @SETTINGS
 @given(
+    seed=SEEDS,
     batch=st.integers(0, 3),
     dim=st.integers(1, 300),
     width=st.integers(2, 4),
@@ -164,7 +181,10 @@ CONV_BROKEN = [None, None, None, "x must be contiguous", "conv width", "activati
     broken=st.sampled_from(CONV_BROKEN),
     bad_width=st.sampled_from([1, 5]),
 )
-def test_causal_conv1d_update_property(batch, dim, width, dtype, bias, act, broken, bad_width):
+def test_causal_conv1d_update_property(
+    seed, batch, dim, width, dtype, bias, act, broken, bad_width
+):
+    torch.manual_seed(seed)  # hypothesis draws the values through this seed
     if broken == "x must be contiguous":
         dim = max(dim, 2)  # a single column has no stride to get wrong
     width = bad_width if broken == "conv width" else width
@@ -199,6 +219,7 @@ DECODE_BROKEN = [None, None, None, None, "xbc.shape", "conv width", "norm_weight
 
 @SETTINGS
 @given(
+    seed=SEEDS,
     batch=st.integers(0, 3),
     nheads=st.sampled_from([2, 4]),
     head_dim=st.sampled_from([32, 34, 80]),
@@ -212,10 +233,11 @@ DECODE_BROKEN = [None, None, None, None, "xbc.shape", "conv width", "norm_weight
     broken=st.sampled_from(DECODE_BROKEN),
 )
 def test_mamba2_decode_property(
-    batch, nheads, head_dim, d_state, ngroups, width, state_dtype, act, norm, fuse, broken
+    seed, batch, nheads, head_dim, d_state, ngroups, width, state_dtype, act, norm, fuse, broken
 ):
     """The mixer's decode entry point: one launch or three kernels, or a named refusal (a
     tile of < 4 rows, as head_dim 34 with one head per group gives, refuses fuse=True)."""
+    torch.manual_seed(seed)  # hypothesis draws the values through this seed
     inner = nheads * head_dim
     conv_dim = inner + 2 * ngroups * d_state + (8 if broken == "xbc.shape" else 0)
     w = 5 if broken == "conv width" else width
@@ -270,6 +292,7 @@ SLOT_COPY_BROKEN = [None, None, None, "slots float", "values dtype", "values sha
 
 @SETTINGS
 @given(
+    seed=SEEDS,
     num_slots=st.integers(1, 6),
     rows=st.integers(0, 6),
     per_slot=st.lists(st.integers(1, 40), min_size=1, max_size=3),
@@ -280,8 +303,9 @@ SLOT_COPY_BROKEN = [None, None, None, "slots float", "values dtype", "values sha
     broken=st.sampled_from(SLOT_COPY_BROKEN),
 )
 def test_state_slot_copy_property(
-    num_slots, rows, per_slot, dtype, slot_dtype, pad, initial, broken
+    seed, num_slots, rows, per_slot, dtype, slot_dtype, pad, initial, broken
 ):
+    torch.manual_seed(seed)  # hypothesis draws the values through this seed
     rows = min(rows, num_slots)  # slots are distinct
     n = 1
     for d in per_slot:
@@ -335,6 +359,7 @@ def test_state_slot_copy_property(
 
 @SETTINGS
 @given(
+    seed=SEEDS,
     rows=st.integers(0, 4),
     groups=st.integers(1, 4),
     group_size=st.integers(1, 70),
@@ -342,7 +367,8 @@ def test_state_slot_copy_property(
     gate=st.booleans(),
     bad_group=st.booleans(),
 )
-def test_group_rms_norm_property(rows, groups, group_size, dtype, gate, bad_group):
+def test_group_rms_norm_property(seed, rows, groups, group_size, dtype, gate, bad_group):
+    torch.manual_seed(seed)  # hypothesis draws the values through this seed
     hidden = groups * group_size
     x, w = rnd(rows, hidden, dtype=dtype), rnd(hidden, dtype=dtype)
     z = rnd(rows, hidden, dtype=dtype) if gate else None
@@ -359,6 +385,7 @@ def test_group_rms_norm_property(rows, groups, group_size, dtype, gate, bad_grou
 
 @SETTINGS
 @given(
+    seed=SEEDS,
     rows=st.integers(0, 4),
     hidden=st.integers(1, 300),
     dtype=DTYPES,
@@ -366,7 +393,8 @@ def test_group_rms_norm_property(rows, groups, group_size, dtype, gate, bad_grou
     strided_x=st.sampled_from([False, False, True]),
     weight_len=st.sampled_from([0, 0, 1]),  # 1: a weight one element too long
 )
-def test_rms_norm_property(rows, hidden, dtype, residual, strided_x, weight_len):
+def test_rms_norm_property(seed, rows, hidden, dtype, residual, strided_x, weight_len):
+    torch.manual_seed(seed)  # hypothesis draws the values through this seed
     x = rnd(rows, hidden, dtype=dtype, strided=strided_x)
     w = rnd(hidden + weight_len, dtype=dtype)
     res = rnd(rows, hidden, dtype=dtype) if residual else None
@@ -423,10 +451,15 @@ SUPPORTED_CONFIGS = st.fixed_dictionaries(
 
 
 @settings(SETTINGS, max_examples=80)
-@given(fields=SUPPORTED_CONFIGS, broken=st.sampled_from([None] * 8 + list(CONFIG_BROKEN)[1:]))
-def test_model_config_property(fields, broken):
+@given(
+    seed=SEEDS,
+    fields=SUPPORTED_CONFIGS,
+    broken=st.sampled_from([None] * 8 + list(CONFIG_BROKEN)[1:]),
+)
+def test_model_config_property(seed, fields, broken):
     """validate() refuses the config naming a field that is out of range, or accepts it and
     the mixer's kernels then run at its per-rank shapes (no failure after load)."""
+    torch.manual_seed(seed)  # hypothesis draws the values through this seed
     c = SimpleNamespace(**{**fields, **CONFIG_BROKEN[broken]})
     vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(hf_config=c),  # the extra fields are not read from there

@@ -1,61 +1,27 @@
 import pytest
 import torch
-from helpers import DEVICES, TOL, poisoned, rel_err, seeded_generator
+from helpers import DEVICES, TOL, draw, poisoned, rel_err
 
 from vllm_nemotron_h.ops import selective_state_update
 from vllm_nemotron_h.ops.selective_state_update.cpu import selective_state_update_cpu
 from vllm_nemotron_h.ops.selective_state_update.reference import (
     selective_state_update_reference,
 )
+from vllm_nemotron_h.testing.op_inputs import MambaShape, ssu_inputs
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (2, 32, 256, 1), (4, 64, 64, 4)]
 GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 256, 1)]
 
 
-def make_inputs(
-    device, batch, nheads, head_dim, d_state, ngroups, state_dtype, act, gate, noncontig
-):
-    g = seeded_generator(device)
-
-    def rnd(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=g, device=device).to(dtype)
-
-    slots_total = batch + 3
-    state = rnd(slots_total, nheads, head_dim, d_state, dtype=state_dtype)
-    if noncontig:  # x, B, C, z, dt as strided views of a projection output
-        width = 2 * nheads * head_dim + 2 * ngroups * d_state + nheads
-        proj = rnd(batch, width, dtype=act)
-        z = proj[:, : nheads * head_dim].view(batch, nheads, head_dim)
-        o = nheads * head_dim
-        x = proj[:, o : o + nheads * head_dim].view(batch, nheads, head_dim)
-        o += nheads * head_dim
-        B = proj[:, o : o + ngroups * d_state].view(batch, ngroups, d_state)
-        o += ngroups * d_state
-        C = proj[:, o : o + ngroups * d_state].view(batch, ngroups, d_state)
-        dt = proj[:, o + ngroups * d_state :]
-    else:
-        x, z = rnd(batch, nheads, head_dim, dtype=act), rnd(batch, nheads, head_dim, dtype=act)
-        B, C = rnd(batch, ngroups, d_state, dtype=act), rnd(batch, ngroups, d_state, dtype=act)
-        dt = rnd(batch, nheads, dtype=act)
-    slots = torch.randperm(slots_total - 1, generator=g, device=device)[:batch] + 1
-    slots[0] = 0  # a padded row: vLLM's null block
-    return dict(
-        state=state,
-        x=x,
-        dt=dt,
-        A=-rnd(nheads).abs() - 0.1,
-        B=B,
-        C=C,
-        D=rnd(nheads),
-        dt_bias=rnd(nheads) * 0.5,
-        z=z if gate else None,
-        state_slots=slots,
+def make_inputs(device, batch, shape, state_dtype, act, gate, strided):
+    return ssu_inputs(
+        draw(device), MambaShape(*shape), batch, state_dtype, act, gate=gate, strided=strided
     )
 
 
 def check(device, shape, batch, state_dtype, act, gate, noncontig, config=None):
-    t = make_inputs(device, batch, *shape, state_dtype, act, gate, noncontig)
+    t = make_inputs(device, batch, shape, state_dtype, act, gate, noncontig)
     s_ref = t["state"].clone()
     ref = selective_state_update_reference(**{**t, "state": s_ref}, null_slot=0)
     out = poisoned(ref)
@@ -101,7 +67,7 @@ def test_every_tile_size(device, block_m):
 
 
 def test_tile_spanning_two_groups_raises():
-    t = make_inputs("cpu", 2, 4, 80, 16, 2, torch.float32, torch.float32, True, False)
+    t = make_inputs("cpu", 2, (4, 80, 16, 2), torch.float32, torch.float32, True, False)
     with pytest.raises(ValueError, match="BLOCK_M=64 must divide"):
         selective_state_update(**t, null_slot=0, config=(64, 1))
 
@@ -117,7 +83,7 @@ def test_tile_spanning_two_groups_raises():
     ],
 )
 def test_bad_arguments_raise(change, message):
-    t = make_inputs("cpu", 2, 4, 32, 16, 2, torch.float32, torch.float32, True, False)
+    t = make_inputs("cpu", 2, (4, 32, 16, 2), torch.float32, torch.float32, True, False)
     if "x" in change:
         t["state"] = torch.zeros(5, 4, 20, 16)
     t.update(change)
@@ -130,7 +96,7 @@ def test_bad_arguments_raise(change, message):
 def test_cpu_path_matches_reference(state_dtype, gate):
     """The CPU serving path (vectorised PyTorch) against the literal reference."""
     for shape in CPU_SHAPES:
-        t = make_inputs("cpu", 5, *shape, state_dtype, torch.float32, gate, noncontig=True)
+        t = make_inputs("cpu", 5, shape, state_dtype, torch.float32, gate, strided=True)
         s_ref = t["state"].clone()
         ref = selective_state_update_reference(**{**t, "state": s_ref}, null_slot=0)
         out = poisoned(ref)

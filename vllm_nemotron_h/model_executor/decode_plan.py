@@ -45,9 +45,7 @@ class DecodePlan:
     def launches(self, shape: DecodeShape) -> tuple[DecodeLaunch, ...]:
         """The launch of every batch size 0..max_batch for a layer shape, resolved once."""
         if shape not in self._launches:
-            table = tuple(
-                decode_op.resolve_launch(shape, b) for b in range(self.max_batch + 1)
-            )
+            table = tuple(decode_op.resolve_launch(shape, b) for b in range(self.max_batch + 1))
             for batch, launch in enumerate(table):
                 if launch.fused:
                     decode_op.check_workspace(
@@ -102,7 +100,11 @@ class LayerPlan:
         self.kv_cache = kv_cache  # the binding this plan was made for
         self.conv_state, self.ssm_state = conv_state, ssm_state
         self.weights = weights
-        self.norm_weight = norm_weight
+        # The decode tail's arguments after the step's activations, in its order.
+        self.layer_args = (
+            conv_state, w.conv_weight, w.conv_bias, ssm_state, w.A, w.D, w.dt_bias, norm_weight,
+            w.eps,
+        )  # fmt: skip
         self.null_slot = null_slot
         self.on_triton = use_triton(xbc)
         self.workspace = plan.workspace
@@ -119,19 +121,17 @@ class LayerPlan:
     ) -> None:
         """Advances the decode rows' conv and SSM states by one token; ``out`` gets the
         normalised (or, when the norm spans ranks, the gated) y."""
-        w = self.weights
-        args = (
-            xbc, dt, gate, self.conv_state, w.conv_weight, w.conv_bias, self.ssm_state,
-            w.A, w.D, w.dt_bias, self.norm_weight, w.eps,
-        )  # fmt: skip
         if self.on_triton:
             batch = xbc.shape[0]
             launch = (
                 self.launches[batch] if batch < len(self.launches) else self._beyond_table(batch)
             )
-            decode_op.run(launch, *args, self.workspace, state_slots, self.null_slot, out)
+            decode_op.run(
+                launch, xbc, dt, gate, *self.layer_args, self.workspace, state_slots,
+                self.null_slot, out,
+            )  # fmt: skip
         else:
-            mamba2_decode_cpu(*args, state_slots, self.null_slot, out)
+            mamba2_decode_cpu(xbc, dt, gate, *self.layer_args, state_slots, self.null_slot, out)
 
     def _beyond_table(self, batch: int) -> DecodeLaunch:
         # More rows than max_num_seqs (a padded CUDA-graph batch): resolved and checked here.
@@ -141,9 +141,7 @@ class LayerPlan:
             decode_op.check_workspace(self.workspace, *needs, self.shape.device)
         return launch
 
-    def gather_initial_states(
-        self, slots: torch.Tensor, has_initial: torch.Tensor
-    ) -> torch.Tensor:
+    def gather_initial_states(self, slots: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
         if self.on_triton:
             return copy_kernel.gather(self.ssm_state, slots, has_initial)
         return gather_state_slots_cpu(self.ssm_state, slots, has_initial)

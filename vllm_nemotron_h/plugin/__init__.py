@@ -29,4 +29,3 @@ def register() -> None:
     if getattr(registered, "module_name", None) == MODEL_CLASS.split(":")[0]:
         return
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-

@@ -1,6 +1,6 @@
 """The fused Mamba2 decode tail (conv update, state update, gated group norm):
 kernel.py (Triton), interface.py (checks, launch choice, dispatch), reference.py (the
-literal oracle), cpu.py (the CPU serving path)."""
+literal oracle), cpu.py (the CPU serving path), layout.py (the channel layout of a row)."""
 
 from vllm_nemotron_h.ops.mamba2_decode.interface import mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.kernel import DecodeWorkspace

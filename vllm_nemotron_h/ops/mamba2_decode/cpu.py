@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from vllm_nemotron_h.ops.causal_conv1d_update.cpu import causal_conv1d_update_cpu
+from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
 from vllm_nemotron_h.ops.selective_state_update.cpu import selective_state_update_cpu
 
@@ -30,27 +31,15 @@ def mamba2_decode_cpu(
     given); no checks."""
     batch = xbc.shape[0]
     _, nheads, head_dim, d_state = ssm_state.shape
-    inner = nheads * head_dim
-    ngroups = (xbc.shape[1] - inner) // (2 * d_state)
     conv = causal_conv1d_update_cpu(
         xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot,
         torch.empty(xbc.shape, dtype=xbc.dtype),
     )  # fmt: skip
-    x, B, C = torch.split(conv, [inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    x, B, C = split_xbc(conv, nheads, head_dim, d_state)
     selective_state_update_cpu(
-        ssm_state,
-        x.reshape(batch, nheads, head_dim),
-        dt,
-        A,
-        B.reshape(batch, ngroups, d_state),
-        C.reshape(batch, ngroups, d_state),
-        D,
-        dt_bias,
-        z.reshape(batch, nheads, head_dim),
-        state_slots,
-        null_slot,
-        out.view(batch, nheads, head_dim),
-    )
+        ssm_state, x, dt, A, B, C, D, dt_bias, z.reshape(batch, nheads, head_dim),
+        state_slots, null_slot, out.view(batch, nheads, head_dim),
+    )  # fmt: skip
     if norm_weight is not None:
-        group_rms_norm_cpu(out, norm_weight, inner // ngroups, eps, out=out)
+        group_rms_norm_cpu(out, norm_weight, nheads * head_dim // B.shape[1], eps, out=out)
     return out

@@ -37,6 +37,7 @@ from vllm_nemotron_h.ops.causal_conv1d_update import kernel as conv_kernel
 from vllm_nemotron_h.ops.mamba2_decode import kernel
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.kernel import MIN_BLOCK_M, DecodeWorkspace
+from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of, split_xbc
 from vllm_nemotron_h.ops.rms_norm import kernel as norm_kernel
 from vllm_nemotron_h.ops.selective_state_update import interface as ssu_op
 from vllm_nemotron_h.ops.selective_state_update import kernel as ssu_kernel
@@ -71,7 +72,7 @@ class DecodeShape:
     @classmethod
     def of(cls, xbc: torch.Tensor, conv_weight: torch.Tensor, ssm_state: torch.Tensor):
         _, nheads, head_dim, d_state = ssm_state.shape
-        ngroups = (xbc.shape[1] - nheads * head_dim) // (2 * d_state)
+        ngroups = ngroups_of(xbc.shape[1], nheads, head_dim, d_state)
         return cls(
             nheads, head_dim, d_state, ngroups, conv_weight.shape[1], ssm_state.dtype, xbc.device
         )
@@ -223,31 +224,18 @@ def run(
         )  # fmt: skip
     batch = xbc.shape[0]
     _, nheads, head_dim, d_state = ssm_state.shape
-    inner = nheads * head_dim
-    ngroups = (xbc.shape[1] - inner) // (2 * d_state)
     conv = torch.empty(xbc.shape, dtype=xbc.dtype, device=xbc.device)
     conv_kernel.launch(
         xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot, conv,
         *launch.conv_config,
     )  # fmt: skip
-    x, B, C = torch.split(conv, [inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    x, B, C = split_xbc(conv, nheads, head_dim, d_state)
     ssu_kernel.launch(
-        ssm_state,
-        x.view(batch, nheads, head_dim),
-        dt,
-        A,
-        B.view(batch, ngroups, d_state),
-        C.view(batch, ngroups, d_state),
-        D,
-        dt_bias,
-        z.view(batch, nheads, head_dim),
-        state_slots,
-        null_slot,
-        out.view(batch, nheads, head_dim),
-        *launch.ssu_config,
-    )
+        ssm_state, x, dt, A, B, C, D, dt_bias, z.view(batch, nheads, head_dim), state_slots,
+        null_slot, out.view(batch, nheads, head_dim), *launch.ssu_config,
+    )  # fmt: skip
     if norm_weight is not None:
-        norm_kernel.launch_group(out, norm_weight, inner // ngroups, eps, out=out)
+        norm_kernel.launch_group(out, norm_weight, nheads * head_dim // B.shape[1], eps, out=out)
     return out
 
 

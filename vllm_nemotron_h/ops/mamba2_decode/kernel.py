@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of
 from vllm_nemotron_h.ops.triton_helpers import conv_shift, conv_window, plane_tile, state_step
 
 # The smallest tile the workspace is sized for: one partial sum per MIN_BLOCK_M rows.
@@ -233,7 +234,7 @@ def launch(
     batch, conv_dim = xbc.shape
     _, nheads, head_dim, d_state = ssm_state.shape
     inner = nheads * head_dim
-    ngroups = (conv_dim - inner) // (2 * d_state)
+    ngroups = ngroups_of(conv_dim, nheads, head_dim, d_state)
     group_rows = inner // ngroups
     n_tiles = inner // block_m
     if batch == 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from vllm_nemotron_h.ops.causal_conv1d_update.reference import causal_conv1d_update_reference
+from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
 from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference
 from vllm_nemotron_h.ops.selective_state_update.reference import (
     selective_state_update_reference,
@@ -35,25 +36,23 @@ def mamba2_decode_reference(
     not used."""
     batch = xbc.shape[0]
     _, nheads, head_dim, d_state = ssm_state.shape
-    inner = nheads * head_dim
-    ngroups = (xbc.shape[1] - inner) // (2 * d_state)
     conv = causal_conv1d_update_reference(
         xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot
     )  # rounded to the activation dtype, as the conv op stores it
-    x, B, C = torch.split(conv, [inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    x, B, C = split_xbc(conv, nheads, head_dim, d_state)
     y = selective_state_update_reference(
         ssm_state,
-        x.reshape(batch, nheads, head_dim),
+        x,
         dt,
         A,
-        B.reshape(batch, ngroups, d_state),
-        C.reshape(batch, ngroups, d_state),
+        B,
+        C,
         D,
         dt_bias,
         z.reshape(batch, nheads, head_dim),
         state_slots,
         null_slot,
-    ).reshape(batch, inner)  # rounded to the activation dtype, as the state update stores y
+    ).reshape(batch, nheads * head_dim)  # rounded to the activation dtype, as y is stored
     if norm_weight is not None:
-        y = group_rms_norm_reference(y, norm_weight, inner // ngroups, eps)
+        y = group_rms_norm_reference(y, norm_weight, nheads * head_dim // B.shape[1], eps)
     return y if out is None else out.copy_(y)

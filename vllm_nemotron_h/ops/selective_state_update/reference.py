@@ -36,9 +36,10 @@ def selective_state_update_reference(
         dt_b = torch.nn.functional.softplus(dts[b] + bias)  # (nheads,)
         Bh, Ch = Bs[b, group], Cs[b, group]  # (nheads, d_state): each head's group
         s = state[slot].cpu().double()  # (nheads, head_dim, d_state)
-        s = s * torch.exp(As * dt_b)[:, None, None] + (dt_b[:, None] * xs[b])[..., None] * Bh[
-            :, None, :
-        ]
+        s = (
+            s * torch.exp(As * dt_b)[:, None, None]
+            + (dt_b[:, None] * xs[b])[..., None] * Bh[:, None, :]
+        )
         state[slot] = s.to(state.dtype)
         y[b] = (s * Ch[:, None, :]).sum(-1) + Ds[:, None] * xs[b]
         if zs is not None:

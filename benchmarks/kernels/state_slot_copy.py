@@ -1,0 +1,63 @@
+"""A prefill's state copies through the rows' slots (gather of the initial states, scatter of
+the final states) against the PyTorch indexing vLLM's Mamba2 layer does, on the GPU.
+
+    python benchmarks/kernels/state_slot_copy.py [--models M,..] [--batches 1,128]
+
+Writes benchmarks/results/kernels-state_slot_copy-<gpu>.json (+ .png).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import harness
+import torch
+
+from vllm_nemotron_h.ops import gather_state_slots, scatter_state_slots
+from vllm_nemotron_h.testing.op_inputs import MambaShape, slot_copy_inputs
+
+
+def inputs(shape: MambaShape, batch: int, state_dtype: torch.dtype) -> dict:
+    per_slot = (shape.nheads, shape.head_dim, shape.d_state)
+    return slot_copy_inputs(harness.draw(), per_slot, batch, state_dtype)
+
+
+def nbytes(shape: MambaShape, batch: int, state_dtype: torch.dtype) -> int:
+    return 2 * batch * shape.nheads * shape.head_dim * shape.d_state * state_dtype.itemsize
+
+
+def ours_scatter(t: dict) -> Callable[[], object]:
+    return lambda: scatter_state_slots(t["state"], t["slots"], t["values"])
+
+
+def ours_gather(t: dict) -> Callable[[], object]:
+    return lambda: gather_state_slots(t["state"], t["slots"], t["has_initial"])
+
+
+def vllm_scatter(t: dict) -> Callable[[], object]:
+    return lambda: t["state"].__setitem__(t["slots"], t["values"])
+
+
+def vllm_gather(t: dict) -> Callable[[], object]:
+    flags = t["has_initial"][:, None, None, None]
+    return lambda: torch.where(flags, t["state"][t["slots"]], 0)
+
+
+def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: list) -> None:
+    shape = MambaShape.of_model(model)
+    for sdt in state_dtypes:
+        for batch in batches:
+            nb = nbytes(shape, batch, sdt)
+            for kernel, ours, theirs in (
+                ("scatter_state_slots", ours_scatter, vllm_scatter),
+                ("gather_state_slots", ours_gather, vllm_gather),
+            ):
+                us_ours = harness.time_rotating(lambda: ours(inputs(shape, batch, sdt)), nb)
+                us_vllm = harness.time_rotating(lambda: theirs(inputs(shape, batch, sdt)), nb)
+                bench.record(
+                    kernel, model, harness.dtype_name(sdt), batch, us_ours, us_vllm, nb, nb
+                )
+
+
+if __name__ == "__main__":
+    harness.run([compare], "kernels-state_slot_copy", harness.parser(__doc__).parse_args())

@@ -1,0 +1,159 @@
+"""Launch-config sweeps of the state update and the fused decode tail (BLOCK_M, num_warps)
+and of the conv update (BLOCK_D, num_warps) per shape, state dtype and batch, on the GPU;
+and the per-device launch tables derived from a sweep.
+
+    python benchmarks/kernels/tune.py [--kernels K,..] [--quick]      # writes the sweep
+    python benchmarks/kernels/tune.py --tables SWEEP [--write DEVICE] # prints / writes tables
+
+The sweep goes to benchmarks/results/kernel-tuning-<gpu>.json (or --output); a comparison
+with its tables in place: any kernel benchmark with --use-tables SWEEP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+from vllm_nemotron_h.ops import launch_config
+from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
+from vllm_nemotron_h.testing.op_inputs import MambaShape
+
+TUNABLE = ("selective_state_update", "causal_conv1d_update", "mamba2_decode")
+FUSED_TUNE_MAX = 32  # the fused tail runs at small batches only (its device table's limit)
+
+
+def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) -> None:
+    """Times every config, appends one row per config and prints the winner."""
+    import harness
+
+    timed = []
+    for cfg in configs:
+        us = harness.time_rotating(lambda: make_call(cfg), nbytes)
+        rows.append(dict(key, config=list(cfg), us=us))
+        timed.append((us, cfg))
+    us, cfg = min(timed)
+    print(f"tune {label} best {cfg} {us:8.2f}us", flush=True)
+
+
+def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
+    import causal_conv1d_update as conv
+    import harness
+    import mamba2_decode as decode
+    import selective_state_update as ssu
+
+    rows: list = []
+    warps = (2, 4) if quick else (1, 2, 4)
+    for model in models:
+        shape = MambaShape.of_model(model)
+        group_rows = shape.nheads // shape.ngroups * shape.head_dim
+        tiles = [bm for bm in (4, 8, 16, 32, 64, 128) if group_rows % bm == 0]
+        for kernel, sdt, batch in itertools.product(
+            ("selective_state_update", "mamba2_decode"), state_dtypes, batches
+        ):
+            if kernel not in kernels or (kernel == "mamba2_decode" and batch > FUSED_TUNE_MAX):
+                continue
+            cfgs = [(bm, w) for bm in tiles for w in warps if bm <= 64 or kernel == "mamba2_decode"]
+            if kernel == "selective_state_update":
+                call = lambda cfg: ssu.ours(ssu.inputs(shape, batch, sdt), cfg)  # noqa: E731
+                nbytes = ssu.nbytes(shape, batch, sdt, True)
+            else:
+                call = lambda cfg: decode.mamba2_decode_call(shape, batch, sdt, cfg)  # noqa: E731
+                nbytes = decode.fused_nbytes(shape, batch, sdt)
+            best_config(
+                f"{kernel:22s} {model:12s} {harness.dtype_name(sdt):9s} B={batch:4d}",
+                cfgs, call, nbytes, rows,
+                kernel=kernel, model=model, state_dtype=harness.dtype_name(sdt), batch=batch,
+            )  # fmt: skip
+        if "causal_conv1d_update" not in kernels:
+            continue
+        conv_cfgs = [(bd, w) for bd in (128, 256, 512, 1024) for w in warps]
+        for batch in batches:
+            best_config(
+                f"causal_conv1d_update   {model:12s} B={batch:4d}",
+                conv_cfgs,
+                lambda cfg: conv.ours(conv.inputs(shape, batch), cfg),
+                conv.nbytes(shape, batch),
+                rows,
+                kernel="causal_conv1d_update",
+                model=model,
+                batch=batch,
+            )
+    return rows
+
+
+def tuned_tables(rows: list) -> dict:
+    """The launch tables of the swept kernels from a sweep: at each measured point (batch x
+    heads for the state update, batch x channels for the conv update) the config with the
+    smallest mean time relative to the point's best (shapes that share a key and a point are
+    averaged); a config applies up to its point, consecutive equal ones merged, the last one
+    open-ended (None), laid out as the device files of vllm_nemotron_h/ops/configs."""
+    points: dict = {}
+    for r in rows:
+        shape = MambaShape.of_model(r["model"])
+        if r["kernel"] in ("selective_state_update", "mamba2_decode"):
+            state_bytes = 4 if r["state_dtype"] == "float32" else 2
+            key = (r["kernel"], shape.head_dim, shape.d_state, state_bytes)
+            point = r["batch"] * shape.nheads
+        else:
+            key, point = "causal_conv1d_update", r["batch"] * shape.conv_dim
+        cell = points.setdefault(key, {}).setdefault(point, {}).setdefault(r["model"], {})
+        cell[tuple(r["config"])] = r["us"]
+    tables = {}
+    for key, by_point in points.items():
+        table: list = []
+        for point in sorted(by_point):
+            runs = by_point[point].values()  # one {config: us} per shape measured here
+            common = set.intersection(*(set(run) for run in runs))
+            best = min(
+                common, key=lambda c: sum(run[c] / min(run.values()) for run in runs) / len(runs)
+            )
+            if table and table[-1][1:] == best:
+                table.pop()
+            table.append((point, *best))
+        rows_ = [list(row) for row in table]
+        rows_[-1][0] = None
+        if key == "causal_conv1d_update":
+            tables[key] = rows_
+        else:
+            tables.setdefault(key[0], {})[",".join(map(str, key[1:]))] = rows_
+    return tables
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", default=",".join(TUNABLE))
+    ap.add_argument("--quick", action="store_true", help="2 and 4 warps only")
+    ap.add_argument("--models", default=",".join(REAL_SHAPES))
+    ap.add_argument("--batches", default="1,8,32,64,128,256")
+    ap.add_argument("--state-dtypes", default="float32,bfloat16")
+    ap.add_argument("--output", type=Path, help="sweep JSON (default kernel-tuning-<gpu>)")
+    ap.add_argument("--tables", type=Path, help="print the launch tables of a sweep and exit")
+    ap.add_argument("--write", metavar="DEVICE", help="with --tables: write DEVICE's file")
+    args = ap.parse_args()
+    if args.tables:
+        tables = tuned_tables(json.loads(args.tables.read_text()))
+        print(json.dumps(tables, indent=1))
+        if args.write:
+            how = f"derived by benchmarks/kernels/tune.py --tables from {args.tables}"
+            print("wrote", launch_config.write_device_file(args.write, tables, how))
+        return
+    import harness
+    import torch
+
+    print(f"copy roofline {harness.copy_roofline() / 1e9:.0f} GB/s", flush=True)
+    rows = sweep(
+        args.models.split(","),
+        args.quick,
+        args.kernels.split(","),
+        [int(b) for b in args.batches.split(",")],
+        [getattr(torch, d) for d in args.state_dtypes.split(",")],
+    )
+    out = args.output or harness.RESULTS / f"kernel-tuning-{harness.device_tag()}.json"
+    out.write_text(json.dumps(rows, indent=1))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

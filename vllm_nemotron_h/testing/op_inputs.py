@@ -1,0 +1,222 @@
+"""The ops' inputs laid out as the engine passes them, for the kernel tests and the benchmarks
+alike: the activations are column views of one input-projection row ``[z | xbc | dt]``
+(``xbc = [x | B | C]``), the states live in a slot cache with spare slots, and the rows'
+slots are a random permutation (with vLLM's null slot 0 on one row when asked).
+
+Every tensor is drawn from the one ``torch.Generator`` given, so a seed replays an input set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
+from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
+
+NULL_SLOT = 0  # vLLM's null block
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    """One Mamba layer's per-rank sizes."""
+
+    nheads: int
+    head_dim: int
+    d_state: int
+    ngroups: int
+    width: int = 4
+
+    @classmethod
+    def of_model(cls, model: str) -> MambaShape:
+        """The shape of a real model of ``REAL_SHAPES`` at tensor-parallel size 1."""
+        s = REAL_SHAPES[model]
+        return cls(s["mamba_num_heads"], s["mamba_head_dim"], s["ssm_state_size"], s["n_groups"])
+
+    @property
+    def inner(self) -> int:
+        return self.nheads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.ngroups * self.d_state
+
+    @property
+    def group_size(self) -> int:
+        """Channels per group of the gated group norm."""
+        return self.inner // self.ngroups
+
+
+class Draw:
+    """Random tensors from one generator on one device."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+        self.device = generator.device
+
+    @classmethod
+    def seeded(cls, seed: int, device: str | torch.device) -> Draw:
+        return cls(torch.Generator(device=device).manual_seed(seed))
+
+    def normal(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.generator, device=self.device).to(dtype)
+
+    def decay(self, nheads: int) -> torch.Tensor:
+        """A (negative) and well away from 0, as trained models have it."""
+        return -self.normal(nheads).abs() - 0.1
+
+    def slots(self, batch: int, num_slots: int, null_row: int | None) -> torch.Tensor:
+        """``batch`` distinct int64 slots out of 1..num_slots-1; row ``null_row`` (if given)
+        gets the null slot instead, as a padded row has it."""
+        slots = torch.randperm(num_slots - 1, generator=self.generator, device=self.device)
+        slots = slots[:batch] + 1
+        if null_row is not None and batch:
+            slots[null_row] = NULL_SLOT
+        return slots
+
+
+def projection(draw: Draw, shape: MambaShape, batch: int, act: torch.dtype) -> dict:
+    """z (batch, inner), xbc (batch, conv_dim) and dt (batch, nheads): views of one
+    projection row each, with its strides."""
+    s = shape
+    row = draw.normal(batch, s.inner + s.conv_dim + s.nheads, dtype=act)
+    z, xbc, dt = torch.split(row, [s.inner, s.conv_dim, s.nheads], dim=-1)
+    return dict(z=z, xbc=xbc, dt=dt)
+
+
+def head_params(draw: Draw, nheads: int) -> dict:
+    """A, D and dt_bias (nheads,) fp32."""
+    return dict(A=draw.decay(nheads), D=draw.normal(nheads), dt_bias=draw.normal(nheads) * 0.5)
+
+
+def conv_state_cache(
+    draw: Draw, num_slots: int, conv_dim: int, width: int, dtype: torch.dtype, dim_first: bool
+) -> torch.Tensor:
+    """(num_slots, conv_dim, width - 1); ``dim_first=False`` is vLLM's "SD" layout seen
+    transposed (the window dimension contiguous across channels)."""
+    if dim_first:
+        return draw.normal(num_slots, conv_dim, width - 1, dtype=dtype)
+    return draw.normal(num_slots, width - 1, conv_dim, dtype=dtype).transpose(-1, -2)
+
+
+def ssu_inputs(
+    draw: Draw,
+    shape: MambaShape,
+    batch: int,
+    state_dtype: torch.dtype,
+    act: torch.dtype,
+    *,
+    gate: bool = True,
+    strided: bool = True,
+    spare_slots: int = 3,
+    null_row: int | None = 0,
+) -> dict:
+    """The state update's keyword arguments (``state_slots`` included, ``null_slot`` not):
+    x, B, C, z and dt as views of a projection row (``strided``) or each contiguous."""
+    s = shape
+    if strided:
+        row = projection(draw, s, batch, act)
+        x, B, C = split_xbc(row["xbc"], s.nheads, s.head_dim, s.d_state)
+        z, dt = row["z"].view(batch, s.nheads, s.head_dim), row["dt"]
+    else:
+        x = draw.normal(batch, s.nheads, s.head_dim, dtype=act)
+        z = draw.normal(batch, s.nheads, s.head_dim, dtype=act)
+        B = draw.normal(batch, s.ngroups, s.d_state, dtype=act)
+        C = draw.normal(batch, s.ngroups, s.d_state, dtype=act)
+        dt = draw.normal(batch, s.nheads, dtype=act)
+    num_slots = batch + spare_slots
+    return dict(
+        state=draw.normal(num_slots, s.nheads, s.head_dim, s.d_state, dtype=state_dtype),
+        x=x,
+        dt=dt,
+        B=B,
+        C=C,
+        z=z if gate else None,
+        state_slots=draw.slots(batch, num_slots, null_row),
+        **head_params(draw, s.nheads),
+    )
+
+
+def conv_inputs(
+    draw: Draw,
+    conv_dim: int,
+    width: int,
+    batch: int,
+    dtype: torch.dtype,
+    *,
+    bias: bool = True,
+    dim_first: bool = True,
+    spare_slots: int = 2,
+    null_row: int | None = -1,
+) -> dict:
+    """The conv update's keyword arguments (``state_slots`` included): x rows strided as a
+    slice of the projection row."""
+    num_slots = batch + spare_slots
+    return dict(
+        x=draw.normal(batch, conv_dim + 8, dtype=dtype)[:, 4 : 4 + conv_dim],
+        conv_state=conv_state_cache(draw, num_slots, conv_dim, width, dtype, dim_first),
+        weight=draw.normal(conv_dim, width, dtype=dtype) * 0.5,
+        bias=draw.normal(conv_dim, dtype=dtype) if bias else None,
+        state_slots=draw.slots(batch, num_slots, null_row),
+    )
+
+
+def group_norm_inputs(draw: Draw, shape: MambaShape, batch: int, act: torch.dtype) -> dict:
+    """y (batch, inner), the gate z (a projection view) and the norm weight."""
+    return dict(
+        x=draw.normal(batch, shape.inner, dtype=act),
+        z=projection(draw, shape, batch, act)["z"],
+        weight=draw.normal(shape.inner, dtype=act),
+    )
+
+
+def decode_inputs(
+    draw: Draw,
+    shape: MambaShape,
+    batch: int,
+    state_dtype: torch.dtype,
+    act: torch.dtype,
+    *,
+    bias: bool = True,
+    dim_first: bool = True,
+    spare_slots: int = 3,
+    null_row: int | None = 0,
+) -> dict:
+    """The decode tail's keyword arguments (``state_slots`` included, no workspace)."""
+    s = shape
+    num_slots = batch + spare_slots
+    return dict(
+        **projection(draw, s, batch, act),
+        conv_state=conv_state_cache(draw, num_slots, s.conv_dim, s.width, act, dim_first),
+        conv_weight=draw.normal(s.conv_dim, s.width, dtype=act) * 0.5,
+        conv_bias=draw.normal(s.conv_dim, dtype=act) if bias else None,
+        ssm_state=draw.normal(num_slots, s.nheads, s.head_dim, s.d_state, dtype=state_dtype),
+        norm_weight=draw.normal(s.inner, dtype=act),
+        state_slots=draw.slots(batch, num_slots, null_row),
+        **head_params(draw, s.nheads),
+    )
+
+
+def slot_copy_inputs(
+    draw: Draw,
+    per_slot: tuple[int, ...],
+    rows: int,
+    state_dtype: torch.dtype,
+    *,
+    spare_slots: int = 8,
+    slot_pad: int = 0,
+) -> dict:
+    """A prefill's final states (``values``), a state cache with spare slots whose slots lie
+    ``slot_pad`` elements apart (as vLLM's views into a shared buffer can), int64 slots and
+    the has-initial-state flags (every row: the gather's worst case)."""
+    num_slots = rows + spare_slots
+    n = int(torch.tensor(per_slot).prod())
+    flat = draw.normal(num_slots, n + slot_pad, dtype=state_dtype)
+    order = torch.randperm(num_slots, generator=draw.generator, device=draw.device)
+    return dict(
+        state=flat[:, :n].view(num_slots, *per_slot),
+        slots=order[:rows],
+        values=draw.normal(rows, *per_slot, dtype=state_dtype),
+        has_initial=torch.ones(rows, dtype=torch.bool, device=draw.device),
+    )
