@@ -109,7 +109,9 @@ class Comparison:
         vllm_us: float,
         ours_bytes: int,
         vllm_bytes: int,
+        **extra: float,
     ) -> None:
+        """One row; ``extra`` columns (e.g. another variant's time) are kept in the JSON."""
         copy = copy_us(ours_bytes)
         row = dict(
             kernel=kernel,
@@ -122,13 +124,15 @@ class Comparison:
             vllm_roofline=round(vllm_bytes / (vllm_us * 1e-6) / self.roof, 4),
             copy_us=round(copy, 3),
             copy_roofline=round(ours_bytes / (copy * 1e-6) / self.roof, 4),
+            **extra,
         )
         self.rows.append(row)
         print(
             f"{kernel:22s} {model:12s} {state_dtype:9s} B={batch:4d} ours {ours_us:8.2f}us "
             f"{100 * row['ours_roofline']:5.1f}%  vllm {vllm_us:8.2f}us "
             f"{100 * row['vllm_roofline']:5.1f}%  x{vllm_us / ours_us:4.2f}  "
-            f"copy {copy:8.2f}us {100 * row['copy_roofline']:5.1f}%",
+            f"copy {copy:8.2f}us {100 * row['copy_roofline']:5.1f}%"
+            + "".join(f"  {k} {v}" for k, v in extra.items()),
             flush=True,
         )
 
@@ -164,12 +168,12 @@ def tables_of(sweep: Path | None) -> Iterator[None]:
         yield
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
+def parser(doc: str, state_dtypes: tuple[str, ...] = STATE_DTYPES) -> argparse.ArgumentParser:
     """The options every kernel benchmark takes."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    ap.add_argument("--state-dtypes", default=",".join(STATE_DTYPES))
+    ap.add_argument("--state-dtypes", default=",".join(state_dtypes))
     ap.add_argument("--use-tables", type=Path, help="compare with the tables of this sweep")
     ap.add_argument("--output", type=Path, help="JSON to write (default under results/)")
     return ap

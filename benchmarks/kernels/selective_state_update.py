@@ -1,4 +1,6 @@
-"""The state update (one decode step of the SSM state) against vLLM's, on the GPU.
+"""The state update (one decode step of the SSM state) against vLLM's, on the GPU. An int8
+state (--state-dtypes int8) is compared with vLLM's kernel on a bf16 state (its narrowest
+format) and with the plugin's bf16 state (``ours_bf16_us``).
 
     python benchmarks/kernels/selective_state_update.py [--models M,..] [--batches 1,128]
 
@@ -27,10 +29,13 @@ def inputs(shape: MambaShape, batch: int, state_dtype: torch.dtype, gate: bool =
 
 
 def nbytes(shape: MambaShape, batch: int, state_dtype: torch.dtype, gate: bool) -> int:
-    """The state read and written; x, (z), out, B, C and dt of each row."""
+    """The state (and an int8 state's fp32 scales) read and written; x, (z), out, B, C and dt
+    of each row."""
     s, act = shape, harness.ACT.itemsize
+    scales = 2 * s.nheads * s.head_dim * 4 if state_dtype == torch.int8 else 0
     return batch * (
         2 * s.nheads * s.head_dim * s.d_state * state_dtype.itemsize
+        + scales
         + (3 if gate else 2) * s.inner * act
         + 2 * s.ngroups * s.d_state * act
         + s.nheads * act
@@ -62,6 +67,9 @@ def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: 
     for sdt in state_dtypes:
         for batch in batches:
             nb = nbytes(shape, batch, sdt, True)
+            if sdt == torch.int8:
+                compare_int8(bench, model, shape, batch)
+                continue
             bench.record(
                 "selective_state_update", model, harness.dtype_name(sdt), batch,
                 harness.time_rotating(lambda: ours(inputs(shape, batch, sdt)), nb),
@@ -70,5 +78,19 @@ def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: 
             )  # fmt: skip
 
 
+def compare_int8(bench: harness.Comparison, model: str, shape: MambaShape, batch: int) -> None:
+    """The int8 state against vLLM's kernel and the plugin's, both on a bf16 state."""
+    bf16 = torch.bfloat16
+    nb, nb_bf16 = nbytes(shape, batch, torch.int8, True), nbytes(shape, batch, bf16, True)
+    ours_bf16 = harness.time_rotating(lambda: ours(inputs(shape, batch, bf16)), nb_bf16)
+    bench.record(
+        "selective_state_update", model, "int8", batch,
+        harness.time_rotating(lambda: ours(inputs(shape, batch, torch.int8)), nb),
+        harness.time_rotating(lambda: vllm(inputs(shape, batch, bf16), shape), nb_bf16),
+        nb, nb_bf16, ours_bf16_us=round(ours_bf16, 3),
+    )  # fmt: skip
+
+
 if __name__ == "__main__":
-    harness.run([compare], "kernels-selective_state_update", harness.parser(__doc__).parse_args())
+    args = harness.parser(__doc__, (*harness.STATE_DTYPES, "int8")).parse_args()
+    harness.run([compare], "kernels-selective_state_update", args)

@@ -16,6 +16,8 @@ import itertools
 import json
 from pathlib import Path
 
+import torch
+
 from vllm_nemotron_h.ops import launch_config
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
 from vllm_nemotron_h.testing.op_inputs import MambaShape
@@ -93,7 +95,7 @@ def tuned_tables(rows: list) -> dict:
     for r in rows:
         shape = MambaShape.of_model(r["model"])
         if r["kernel"] in ("selective_state_update", "mamba2_decode"):
-            state_bytes = 4 if r["state_dtype"] == "float32" else 2
+            state_bytes = getattr(torch, r["state_dtype"]).itemsize
             key = (r["kernel"], shape.head_dim, shape.d_state, state_bytes)
             point = r["batch"] * shape.nheads
         else:
@@ -140,7 +142,6 @@ def main() -> None:
             print("wrote", launch_config.write_device_file(args.write, tables, how))
         return
     import harness
-    import torch
 
     print(f"copy roofline {harness.copy_roofline() / 1e9:.0f} GB/s", flush=True)
     rows = sweep(

@@ -7,6 +7,7 @@ from vllm_nemotron_h.ops.selective_state_update.cpu import selective_state_updat
 from vllm_nemotron_h.ops.selective_state_update.reference import (
     selective_state_update_reference,
 )
+from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.testing.op_inputs import MambaShape, ssu_inputs
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
@@ -103,3 +104,94 @@ def test_cpu_path_matches_reference(state_dtype, gate):
         selective_state_update_cpu(**t, null_slot=0, out=out)
         assert rel_err(out, ref) < TOL[state_dtype] and (out[0] == 0).all()
         assert rel_err(t["state"], s_ref) < TOL[state_dtype]
+
+
+def dequantized(t: dict) -> torch.Tensor:
+    return dequantize(t["state"], t["state_scale"]).double()
+
+
+def check_int8(device, t, ref_inputs, config=None):
+    """Runs the op on ``t`` and the reference on a copy; compares output and the dequantized
+    states (within one quantum of the reference's row: rounding of a value on a boundary may
+    go either way between fp32 and fp64), and that no other slot or scale moved."""
+    before = {k: t[k].clone() for k in ("state", "state_scale")}
+    ref = selective_state_update_reference(**ref_inputs, null_slot=0)
+    out = poisoned(ref)
+    selective_state_update(**t, null_slot=0, out=out, config=config)
+    tol = TOL[t["x"].dtype]
+    live = t["state_slots"][t["state_slots"] != 0]
+    finite = torch.isfinite(ref).all(-1).all(-1)
+    assert rel_err(out[finite], ref[finite]) < tol
+    assert (out[t["state_slots"] == 0] == 0).all(), "the null-slot row must be zero"
+    got, want = dequantized(t)[live], dequantized(ref_inputs)[live].to(device)
+    quantum = ref_inputs["state_scale"][live].double().to(device)[..., None]
+    ok = torch.isfinite(want).all(-1)
+    assert ((got - want).abs()[ok] <= 1.001 * quantum.expand_as(got)[ok] + 1e-30).all()
+    same_q = (t["state"][live] == ref_inputs["state"][live].to(device)).float().mean()
+    assert same_q > 0.99, f"only {same_q:.4f} of the int8 values equal the reference's"
+    scale_ok = torch.isfinite(ref_inputs["state_scale"][live].to(device))
+    got_s, want_s = t["state_scale"][live][scale_ok], ref_inputs["state_scale"][live]
+    assert rel_err(got_s, want_s.to(device)[scale_ok]) < 1e-6
+    untouched = torch.ones(t["state"].shape[0], dtype=torch.bool, device=device)
+    untouched[live] = False
+    for k in before:
+        assert torch.equal(t[k][untouched], before[k][untouched]), f"{k}: a foreign slot moved"
+
+
+def int8_inputs(device, batch, shape, act):
+    t = make_inputs(device, batch, shape, torch.int8, act, gate=True, strided=True)
+    return t, {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_state_matches_reference(device):
+    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    for shape in shapes:
+        for batch in (3,) if device == "cpu" else (1, 7, 64):
+            check_int8(device, *int8_inputs(device, batch, shape, act))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_rows_of_zeros_huge_values_and_nan(device):
+    """A row that stays zero keeps scale 0; rows near fp32's top stay finite; a NaN in one
+    sequence's input reaches only that sequence's slot."""
+    shape = (4, 32, 16, 2) if device == "cpu" else (128, 64, 128, 8)
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    t, ref_inputs = int8_inputs(device, 4, shape, act)
+    slots = t["state_slots"]
+    for inputs in (t, ref_inputs):
+        inputs["state"][slots[1], 0] = 0  # zero rows of head 0 ...
+        inputs["state_scale"][slots[1], 0] = 0
+        inputs["x"][1, 0] = 0  # ... that get no input: they stay zero
+        inputs["state_scale"][slots[2]] = 1e30  # huge values, decaying
+        inputs["x"][3, 1, 3] = float("nan")  # poisons sequence 3's head 1 only
+    check_int8(device, t, ref_inputs)
+    assert (t["state_scale"][slots[1], 0] == 0).all() and (t["state"][slots[1], 0] == 0).all()
+    assert torch.isfinite(t["state_scale"][slots[2]]).all()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(state_scale=None), "state_scale must be a torch.Tensor"),
+    (dict(state_scale=torch.zeros(8, 4, 32, 1)), "state_scale must have shape"),
+    (dict(state_scale=torch.zeros(8, 4, 32, dtype=torch.float16)), "state_scale must have dtype"),
+    (dict(state=torch.zeros(8, 4, 32, 16)), "state_scale is for an int8 state only"),
+])  # fmt: skip
+def test_int8_bad_arguments_raise(change, message):
+    t = make_inputs("cpu", 5, (4, 32, 16, 2), torch.int8, torch.float32, True, False)
+    t.update(change)
+    with pytest.raises(ValueError, match=message):
+        selective_state_update(**t, null_slot=0)
+
+
+def test_int8_cpu_path_matches_reference():
+    for shape in CPU_SHAPES:
+        t, ref_inputs = int8_inputs("cpu", 5, shape, torch.float32)
+        ref = selective_state_update_reference(**ref_inputs, null_slot=0)
+        out = poisoned(ref)
+        selective_state_update_cpu(**t, null_slot=0, out=out)
+        assert rel_err(out, ref) < TOL[torch.float32]
+        # the same formula in fp32 and fp64: a value on a rounding boundary may go either way
+        steps = (t["state"].int() - ref_inputs["state"].int()).abs()
+        assert steps.max() <= 1 and (steps == 0).float().mean() > 0.99
+        assert rel_err(t["state_scale"], ref_inputs["state_scale"]) < 1e-6

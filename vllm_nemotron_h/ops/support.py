@@ -17,6 +17,9 @@ CONV_WIDTH_RANGE = (2, 4)  # conv_kernel
 CONV_ACTIVATIONS = (None, "silu", "swish")  # swish is silu
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# States stored as int8 rows with an fp32 scale per row (ops/state_format.py); the ops that
+# take them say so.
+QUANTIZED_STATE_DTYPES = (torch.int8,)
 
 
 def use_triton(tensor: torch.Tensor) -> bool:

@@ -88,3 +88,15 @@ def state_step(s, x, Bv, dt, A):
     dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)  # softplus
     decay = tl.exp(A * dt)
     return s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]
+
+
+@triton.jit
+def quantize_rows(s):
+    """The int8 state format (ops/state_format.py) of a tile of fp32 rows ``s`` (rows,
+    d_state): (q int8, scale fp32 per row). Masked columns must hold 0."""
+    amax = tl.max(tl.abs(s), axis=1)
+    scale = amax / 127.0
+    inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+    q = tl.floor(s * inv[:, None] + 0.5)
+    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+    return q.to(tl.int8), scale

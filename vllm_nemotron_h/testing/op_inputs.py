@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
+from vllm_nemotron_h.ops.state_format import quantize
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
 
 NULL_SLOT = 0  # vLLM's null block
@@ -85,6 +86,16 @@ def projection(draw: Draw, shape: MambaShape, batch: int, act: torch.dtype) -> d
     return dict(z=z, xbc=xbc, dt=dt)
 
 
+def ssm_state_cache(draw: Draw, num_slots: int, shape: MambaShape, dtype: torch.dtype) -> dict:
+    """``state`` (num_slots, nheads, head_dim, d_state) of ``dtype`` and ``state_scale``: the
+    per-row scales of an int8 state (ops/state_format.py), None for the others."""
+    values = draw.normal(num_slots, shape.nheads, shape.head_dim, shape.d_state)
+    if dtype == torch.int8:
+        state, scale = quantize(values)
+        return dict(state=state, state_scale=scale)
+    return dict(state=values.to(dtype), state_scale=None)
+
+
 def head_params(draw: Draw, nheads: int) -> dict:
     """A, D and dt_bias (nheads,) fp32."""
     return dict(A=draw.decay(nheads), D=draw.normal(nheads), dt_bias=draw.normal(nheads) * 0.5)
@@ -112,8 +123,9 @@ def ssu_inputs(
     spare_slots: int = 3,
     null_row: int | None = 0,
 ) -> dict:
-    """The state update's keyword arguments (``state_slots`` included, ``null_slot`` not):
-    x, B, C, z and dt as views of a projection row (``strided``) or each contiguous."""
+    """The state update's keyword arguments (``state_slots`` and ``state_scale`` included,
+    ``null_slot`` not): x, B, C, z and dt as views of a projection row (``strided``) or each
+    contiguous; an int8 ``state_dtype`` gives an int8 state with its scales."""
     s = shape
     if strided:
         row = projection(draw, s, batch, act)
@@ -127,7 +139,7 @@ def ssu_inputs(
         dt = draw.normal(batch, s.nheads, dtype=act)
     num_slots = batch + spare_slots
     return dict(
-        state=draw.normal(num_slots, s.nheads, s.head_dim, s.d_state, dtype=state_dtype),
+        **ssm_state_cache(draw, num_slots, s, state_dtype),
         x=x,
         dt=dt,
         B=B,

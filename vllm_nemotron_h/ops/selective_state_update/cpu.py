@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nemotron_h.ops.state_format import dequantize, quantize
+
 
 def selective_state_update_cpu(
     state: torch.Tensor,
@@ -19,6 +21,7 @@ def selective_state_update_cpu(
     state_slots: torch.Tensor | None,
     null_slot: int,
     out: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same arguments and effects as the interface's ``selective_state_update`` (``out``
     given); no checks."""
@@ -27,14 +30,17 @@ def selective_state_update_cpu(
     slots = state_slots if state_slots is not None else torch.arange(batch, device=x.device)
     live = slots != null_slot
     idx = slots[live]
-    s = state[idx].float()
+    s = state[idx].float() if state_scale is None else dequantize(state[idx], state_scale[idx])
     dt_f = torch.nn.functional.softplus(dt[live].float() + dt_bias)  # (n, h)
     Bh = B[live].float().repeat_interleave(heads_per_group, dim=1)  # (n, h, d_state)
     Ch = C[live].float().repeat_interleave(heads_per_group, dim=1)
     xf = x[live].float()
     decay = torch.exp(A * dt_f)[..., None, None]
     s = s * decay + (dt_f[..., None] * xf)[..., None] * Bh[:, :, None, :]
-    state[idx] = s.to(state.dtype)
+    if state_scale is None:
+        state[idx] = s.to(state.dtype)
+    else:
+        state[idx], state_scale[idx] = quantize(s)
     y = (s * Ch[:, :, None, :]).sum(-1) + D[:, None] * xf
     if z is not None:
         y = y * torch.nn.functional.silu(z[live].float())

@@ -13,7 +13,10 @@ slots are given). Rows whose slot equals ``null_slot`` (vLLM's padding) neither 
 write the state; their output is zero.
 
 Shapes and dtypes:
-    state      (num_slots, nheads, head_dim, d_state)  fp32 / bf16 / fp16, updated in place
+    state      (num_slots, nheads, head_dim, d_state)  fp32 / bf16 / fp16, or int8 with
+    state_scale (num_slots, nheads, head_dim) fp32      its per-row scales (ops/state_format.py:
+                                                        read, advanced in fp32, re-quantized),
+                                                        updated in place
     x, z, out  (batch, nheads, head_dim)               activation dtype (fp32 / bf16 / fp16)
     dt         (batch, nheads)                          activation dtype
     A, D, dt_bias (nheads,)                             fp32; A = -exp(A_log), computed at load
@@ -33,6 +36,7 @@ from vllm_nemotron_h.ops.support import (
     ACTIVATION_DTYPES,
     D_STATE_RANGE,
     HEAD_DIM_RANGE,
+    QUANTIZED_STATE_DTYPES,
     STATE_DTYPES,
     check_range,
     check_slots,
@@ -56,12 +60,17 @@ def launch_config(
     )
 
 
-def check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out) -> None:
+def check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out, state_scale=None) -> None:
     """Raises ValueError naming the first argument that does not fit."""
     check_tensor("x", x, (None, None, None), ACTIVATION_DTYPES)
     batch, nheads, head_dim = x.shape
     dev = x.device
-    check_tensor("state", state, (None, nheads, head_dim, None), STATE_DTYPES, dev, True)
+    dtypes = STATE_DTYPES + QUANTIZED_STATE_DTYPES
+    check_tensor("state", state, (None, nheads, head_dim, None), dtypes, dev, True)
+    if state.dtype in QUANTIZED_STATE_DTYPES:
+        check_tensor("state_scale", state_scale, state.shape[:3], (torch.float32,), dev)
+    elif state_scale is not None:
+        raise ValueError(f"state_scale is for an int8 state only; state has dtype {state.dtype}")
     d_state = state.shape[-1]
     check_range("head_dim", head_dim, HEAD_DIM_RANGE)
     check_range("d_state", d_state, D_STATE_RANGE)
@@ -94,10 +103,12 @@ def selective_state_update(
     null_slot: int = -1,
     out: torch.Tensor | None = None,
     config: tuple[int, int] | None = None,
+    state_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advances ``state`` by one token in place and returns ``out`` (see module doc).
-    ``config`` = (BLOCK_M, num_warps) overrides the device's launch table."""
-    check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out)
+    ``config`` = (BLOCK_M, num_warps) overrides the device's launch table; ``state_scale``
+    holds the per-row scales of an int8 ``state`` (updated in place with it)."""
+    check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out, state_scale)
     batch, nheads, head_dim = x.shape
     group_rows = nheads // B.shape[1] * head_dim
     if config is not None and group_rows % config[0]:
@@ -108,11 +119,12 @@ def selective_state_update(
         out = torch.empty_like(x)
     if not use_triton(x):
         return selective_state_update_cpu(
-            state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out
+            state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out, state_scale
         )
     block_m, num_warps = config or launch_config(
         x.device, head_dim, state.shape[-1], state.dtype, batch * nheads, group_rows
     )
     return kernel.launch(
-        state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out, block_m, num_warps
-    )
+        state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out, block_m, num_warps,
+        state_scale,
+    )  # fmt: skip

@@ -4,7 +4,9 @@ interface.py for the math, shapes and supported ranges.
 One Triton program owns BLOCK_M consecutive rows of the (head, row) plane of one sequence:
 a block may span several heads (head_dim 80 takes 32- or 64-row tiles without masked rows)
 but never two groups, so B and C are loaded once per program. Each program reads its state
-tile once and writes it once: the kernel moves the minimum number of bytes.
+tile once and writes it once: the kernel moves the minimum number of bytes. An int8 state
+(QUANTIZED) is read with its per-row scales, advanced in fp32 and written back with new
+scales from the tile in registers: one pass still.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_nemotron_h.ops.triton_helpers import plane_tile, state_step
+from vllm_nemotron_h.ops.triton_helpers import plane_tile, quantize_rows, state_step
 
 
 @triton.jit
@@ -29,6 +31,7 @@ def _selective_state_update_kernel(
     z_ptr,
     out_ptr,
     slots_ptr,
+    scale_ptr,
     null_slot,
     d_state,
     group_rows,
@@ -52,7 +55,11 @@ def _selective_state_update_kernel(
     o_b,
     o_h,
     o_d,
+    sc_slot,
+    sc_head,
+    sc_dim,
     HEAD_DIM: tl.constexpr,
+    QUANTIZED: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -68,7 +75,10 @@ def _selective_state_update_kernel(
     # Issue every load before the arithmetic that needs it.
     row_offsets = h * s_head + p * s_dim
     state_ptrs = state_ptr + slot * s_slot + row_offsets[:, None] + cols[None, :]
-    s = tl.load(state_ptrs, mask=tile_ok, other=0.0)
+    s = tl.load(state_ptrs, mask=tile_ok, other=0)
+    if QUANTIZED:
+        scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p * sc_dim
+        s = s.to(tl.float32) * tl.load(scale_ptrs, mask=live, other=0.0)[:, None]
     x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
     Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
@@ -79,7 +89,12 @@ def _selective_state_update_kernel(
     D = tl.load(D_ptr + h)
 
     s = state_step(s, x, Bv, dt, A)
-    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+    if QUANTIZED:
+        q, scale = quantize_rows(s)
+        tl.store(state_ptrs, q, mask=tile_ok)
+        tl.store(scale_ptrs, scale, mask=live)
+    else:
+        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
     y = tl.sum(s * Cv[None, :], axis=1) + D * x
     if HAS_Z:
         y = y * z * tl.sigmoid(z)
@@ -102,14 +117,17 @@ def launch(
     out: torch.Tensor,
     block_m: int,
     num_warps: int,
+    state_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launches the kernel; no argument checks (the interface and the decode plan check)."""
+    """Launches the kernel; no argument checks (the interface and the decode plan check).
+    ``state_scale`` holds the per-row scales of an int8 ``state``."""
     batch, nheads, head_dim = x.shape
     group_rows = nheads // B.shape[1] * head_dim
     if batch == 0:
         return out
     d_state = state.shape[-1]
     zz = z if z is not None else x
+    scale = state_scale if state_scale is not None else A.view(1, 1, -1)
     grid = (nheads * head_dim // block_m, batch)
     _selective_state_update_kernel[grid](
         state,
@@ -123,6 +141,7 @@ def launch(
         zz,
         out,
         state_slots if state_slots is not None else x,
+        scale,
         null_slot,
         d_state,
         group_rows,
@@ -146,7 +165,11 @@ def launch(
         out.stride(0),
         out.stride(1),
         out.stride(2),
+        scale.stride(0),
+        scale.stride(1),
+        scale.stride(2),
         HEAD_DIM=head_dim,
+        QUANTIZED=state_scale is not None,
         HAS_Z=z is not None,
         HAS_SLOTS=state_slots is not None,
         BLOCK_M=block_m,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nemotron_h.ops.state_format import dequantize, quantize
+
 
 def selective_state_update_reference(
     state: torch.Tensor,
@@ -19,6 +21,7 @@ def selective_state_update_reference(
     state_slots: torch.Tensor | None = None,
     null_slot: int = -1,
     out: torch.Tensor | None = None,
+    state_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same arguments and effects as ``selective_state_update`` (see interface.py)."""
     batch, nheads, head_dim = x.shape
@@ -36,11 +39,17 @@ def selective_state_update_reference(
         dt_b = torch.nn.functional.softplus(dts[b] + bias)  # (nheads,)
         Bh, Ch = Bs[b, group], Cs[b, group]  # (nheads, d_state): each head's group
         s = state[slot].cpu().double()  # (nheads, head_dim, d_state)
+        if state_scale is not None:  # int8 rows and their scales
+            s = dequantize(state[slot].cpu(), state_scale[slot].cpu().double())
         s = (
             s * torch.exp(As * dt_b)[:, None, None]
             + (dt_b[:, None] * xs[b])[..., None] * Bh[:, None, :]
         )
-        state[slot] = s.to(state.dtype)
+        if state_scale is None:
+            state[slot] = s.to(state.dtype)
+        else:
+            q, scale = quantize(s)
+            state[slot], state_scale[slot] = q.to(state.device), scale.to(state_scale)
         y[b] = (s * Ch[:, None, :]).sum(-1) + Ds[:, None] * xs[b]
         if zs is not None:
             y[b] *= torch.nn.functional.silu(zs[b])

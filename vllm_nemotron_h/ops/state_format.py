@@ -1,0 +1,30 @@
+"""The int8 SSM state format, in PyTorch (the CPU paths and the references; the Triton
+kernels quantize with triton_helpers.quantize_rows, the same formula in fp32).
+
+A state row is one (slot, head, head_dim row) over d_state. It is stored as symmetric int8
+values q in [-127, 127] and one fp32 scale: value = q * scale, scale = max |row| / 127,
+recomputed from the row at every write; q = clamp(floor(value / scale + 1/2)), i.e. rounded
+to nearest. A row of zeros stores scale 0 (and q 0). The scales of a state of shape
+(num_slots, nheads, head_dim, d_state) have shape (num_slots, nheads, head_dim).
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT8_MAX = 127
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The values of int8 rows ``q`` (..., d_state) with their scales (...,), in the scale's
+    dtype."""
+    return q.to(scale.dtype) * scale[..., None]
+
+
+def quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8, scale) of rows ``values`` (..., d_state), the scale in the values' dtype."""
+    amax = values.abs().amax(dim=-1)
+    scale = amax / INT8_MAX
+    inv = torch.where(amax > 0, INT8_MAX / amax, torch.zeros_like(amax))
+    q = torch.floor(values * inv[..., None] + 0.5).clamp(-INT8_MAX, INT8_MAX)
+    return q.to(torch.int8), scale
