@@ -156,13 +156,17 @@ class Comparison:
 
 @contextlib.contextmanager
 def tables_of(sweep: Path | None) -> Iterator[None]:
-    """With a tune.py sweep JSON: the launch tables derived from it replace the device's file
-    (to see a sweep's effect before writing it with tune.py --tables --write)."""
+    """With a tune.py sweep JSON: the launch tables derived from it take the place of the
+    device file's for the keys the sweep measured (to see a sweep's effect before writing it
+    with tune.py --tables --write)."""
     from tune import tuned_tables
 
     with contextlib.ExitStack() as stack:
         if sweep is not None:
             for name, table in tuned_tables(json.loads(sweep.read_text())).items():
+                shipped = launch_config.table(name, torch.device("cuda"))
+                if isinstance(shipped, dict):  # keyed by shape: keep the keys not swept
+                    table = {**shipped, **table}
                 stack.enter_context(launch_config.overridden(name, table))
                 print("using", name, table, flush=True)
         yield

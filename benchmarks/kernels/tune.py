@@ -46,17 +46,20 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
     import selective_state_update as ssu
 
     rows: list = []
-    warps = (2, 4) if quick else (1, 2, 4)
+    warps = (2, 4, 8) if quick else (1, 2, 4, 8)
     for model in models:
         shape = MambaShape.of_model(model)
         group_rows = shape.nheads // shape.ngroups * shape.head_dim
-        tiles = [bm for bm in (4, 8, 16, 32, 64, 128) if group_rows % bm == 0]
+        tiles = [bm for bm in (4, 8, 16, 32, 64, 128, 256) if group_rows % bm == 0]
         for kernel, sdt, batch in itertools.product(
             ("selective_state_update", "mamba2_decode"), state_dtypes, batches
         ):
             if kernel not in kernels or (kernel == "mamba2_decode" and batch > FUSED_TUNE_MAX):
                 continue
-            cfgs = [(bm, w) for bm in tiles for w in warps if bm <= 64 or kernel == "mamba2_decode"]
+            # Tiles up to 64 rows of an fp32 state's bytes (256 rows of int8); the fused tail
+            # up to 128 rows whatever the state.
+            max_rows = max(64 * 4 // sdt.itemsize, 128 if kernel == "mamba2_decode" else 0)
+            cfgs = [(bm, w) for bm in tiles for w in warps if bm <= max_rows]
             if kernel == "selective_state_update":
                 call = lambda cfg: ssu.ours(ssu.inputs(shape, batch, sdt), cfg)  # noqa: E731
                 nbytes = ssu.nbytes(shape, batch, sdt, True)
