@@ -1,7 +1,7 @@
 """Tuned launch configurations: per-device data in configs/<device name>.json, one resolver.
 
 A state update cannot be autotuned on the live state (each trial would advance it), so the
-tables are tuned offline on copies (benchmarks/ops/tune.py) and shipped per GPU, as vLLM
+tables are tuned offline on copies (benchmarks/kernels/tune.py) and shipped per GPU, as vLLM
 ships its fused-MoE configs. The file is chosen by the CUDA device's name with spaces as
 underscores (``NVIDIA_H100_80GB_HBM3.json``); a device without a file, and CPU, get the
 defaults of each op. Benchmarks replace a table for a while with ``overridden``.
@@ -118,7 +118,7 @@ def plane_tile_config(
 
 
 def write_device_file(device_name: str, tables: dict[str, Any], how: str) -> Path:
-    """Writes ``tables`` as ``device_name``'s file (benchmarks/ops/tune.py), a row per line."""
+    """Writes ``tables`` as ``device_name``'s file (benchmarks/kernels/tune.py), a row per line."""
     path = device_file(device_name)
     text = json.dumps({"device": device_name, "how": how, **tables}, indent=1)
     text = re.sub(r"\[\s+(null|\d+),\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2, \3]", text)
