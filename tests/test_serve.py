@@ -90,3 +90,15 @@ def test_serve_script_starts_with_vllm_defaults(tiny_checkpoint):
             timeout=120,
         ).json()
     assert reply["usage"]["completion_tokens"] == 4
+
+
+def test_engine_log_says_what_runs(server):
+    """The server's log names the plugin, its version and what runs, once per engine process
+    (the model is built in the engine core process only)."""
+    from tests.server import ROOT
+
+    log = (ROOT / ".cache" / "tiny-server.log").read_text()
+    lines = [line for line in log.splitlines() if "serves NemotronHForCausalLM" in line]
+    assert len(lines) == 1, lines
+    assert "vllm-nemotron-h " in lines[0] and "INFO" in lines[0]
+    assert "Mamba2 decode on the plugin's" in lines[0] and "SSM state float32" in lines[0]

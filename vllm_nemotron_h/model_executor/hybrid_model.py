@@ -9,11 +9,20 @@ vLLM caches model flags on disk keyed by the module's basename.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+
 from vllm_nemotron_h.model_executor.custom_ops import PluginRMSNorm
 from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
 from vllm_nemotron_h.model_executor.validation import validate
-from vllm_nemotron_h.vllm_boundary.config import VllmConfig
+from vllm_nemotron_h.vllm_boundary.config import (
+    VllmConfig,
+    mamba_cache_mode,
+    ssm_state_dtype,
+    tensor_parallel_size_of,
+)
+from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 from vllm_nemotron_h.vllm_boundary.layers import (
     VllmNemotronHForCausalLM,
     on_cpu,
@@ -30,6 +39,37 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         validate(vllm_config)
+        log_what_runs(describe(vllm_config))
         moe_layer = CpuNemotronHMoEDecoderLayer if on_cpu() else None
         with plugin_layers(PluginMambaMixer2, PluginRMSNorm, moe_layer):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
+
+
+def describe(vllm_config: VllmConfig) -> str:
+    """What runs where, as the engine log says it."""
+    try:
+        version = importlib.metadata.version("vllm-nemotron-h")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        version = "(source tree)"
+    if on_cpu():
+        decode, prefill = "the plugin's CPU path (PyTorch)", "CPU path"
+        moe = "MoE layers the plugin's CPU path"
+    else:
+        decode = (
+            "the plugin's Triton kernels (fused conv + state update + gated norm up to the "
+            "device table's batch x heads, three kernels above)"
+        )
+        prefill, moe = "kernels", "MoE layers vLLM's"
+    return (
+        f"vllm-nemotron-h {version} serves NemotronHForCausalLM: Mamba2 decode on {decode}; "
+        f"SSM state {ssm_state_dtype(vllm_config)}; prefill slot copies and group norm on the "
+        f"plugin's {prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP and "
+        f"linear layers vLLM's, {moe}; Mamba prefix caching mode "
+        f"{mamba_cache_mode(vllm_config)!r}; tensor parallel {tensor_parallel_size_of(vllm_config)}"
+    )
+
+
+@functools.cache
+def log_what_runs(description: str) -> None:
+    """Once per process (and per distinct engine configuration in it)."""
+    plugin_logger().info(description)

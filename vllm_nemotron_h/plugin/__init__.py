@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 MODEL_CLASS = "vllm_nemotron_h.model_executor.hybrid_model:NemotronHForCausalLM"
 ARCHITECTURE = "NemotronHForCausalLM"
 DISABLE_ENV = "VLLM_NEMOTRON_H_DISABLE"
-
-logger = logging.getLogger("vllm_nemotron_h")
 
 
 def disabled() -> bool:
@@ -21,7 +18,11 @@ def register() -> None:
     """Registers the plugin's ``NemotronHForCausalLM`` lazily (by "module:Class" string, so no
     CUDA is touched in the parent process). Calling it again is harmless."""
     if disabled():
-        logger.info("vllm-nemotron-h: %s=1, vLLM's built-in %s stays", DISABLE_ENV, ARCHITECTURE)
+        from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
+
+        plugin_logger().info(
+            "vllm-nemotron-h: %s=1, vLLM's built-in %s stays", DISABLE_ENV, ARCHITECTURE
+        )
         return
     from vllm import ModelRegistry
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from vllm.config import VllmConfig
 
-__all__ = ["VllmConfig", "mamba_cache_mode", "replayssm_enabled", "speculative_tokens"]
+__all__ = [
+    "VllmConfig",
+    "mamba_cache_mode",
+    "replayssm_enabled",
+    "speculative_tokens",
+    "ssm_state_dtype",
+    "tensor_parallel_size_of",
+]
 
 
 def replayssm_enabled(vllm_config: VllmConfig) -> bool:
@@ -19,3 +26,15 @@ def mamba_cache_mode(vllm_config: VllmConfig) -> str:
 
 def speculative_tokens(vllm_config: VllmConfig) -> int:
     return vllm_config.num_speculative_tokens or 0
+
+
+def ssm_state_dtype(vllm_config: VllmConfig) -> str:
+    """The SSM state's dtype: ``mamba_ssm_cache_dtype``, "auto" meaning the model's dtype."""
+    dtype = vllm_config.cache_config.mamba_ssm_cache_dtype
+    if dtype == "auto":
+        dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
+    return dtype
+
+
+def tensor_parallel_size_of(vllm_config: VllmConfig) -> int:
+    return vllm_config.parallel_config.tensor_parallel_size

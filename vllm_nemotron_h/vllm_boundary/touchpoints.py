@@ -50,6 +50,16 @@ def _assigns(cls: type, *attributes: str) -> None:
     _require(not missing, f"{cls.__name__} no longer sets {missing}")
 
 
+def _check_engine_log() -> None:
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    from vllm_nemotron_h.vllm_boundary.engine_log import LOGGER_NAME
+
+    configured = DEFAULT_LOGGING_CONFIG.get("loggers", {}).get("vllm", {})
+    _require(bool(configured.get("handlers")), "vLLM's logging config has no handler on 'vllm'")
+    _require(LOGGER_NAME.startswith("vllm."), f"{LOGGER_NAME} is not under 'vllm'")
+
+
 def _check_mixer_base() -> None:
     from vllm_nemotron_h.vllm_boundary.layers import MIXER_ATTRIBUTES, MambaMixer2
 
@@ -354,6 +364,14 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "never (public config)",
         _check_options,
+    ),
+    Touchpoint(
+        "engine-log",
+        "the 'vllm' logger of vllm.logger.DEFAULT_LOGGING_CONFIG (the one with a handler)",
+        "the plugin's INFO lines reach the engine's log only through a logger under 'vllm'",
+        BOTH,
+        "never (vLLM's logging convention; VLLM_LOGGING_CONFIG_PATH users configure their own)",
+        _check_engine_log,
     ),
     Touchpoint(
         "cpu-moe-blocks",
