@@ -4,7 +4,7 @@ decides a memory-bound kernel's speed before any timing: registers per thread (h
 programs fit on an SM), global loads and stores, CTA barriers, and how many instructions run
 before the first 16-byte state load and between the last state load and the first state store.
 
-    python benchmarks/sass_report.py [--configs 16x1,64x2] [--state-dtypes bf16,fp32]
+    python benchmarks/sass_report.py [--configs 16x1,64x2] [--state-dtypes bf16,fp32,i8]
                                      [--head-dim 64] [--dump DIR]
 
 The GPU machine may run another Triton version (3.6 there): its code can differ; read this as
@@ -27,17 +27,24 @@ from vllm_nemotron_h.ops.selective_state_update.kernel import _selective_state_u
 TOOLS = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin"
 # Pointers, and the strides that are 1 in vLLM's tensors (Triton specialises those).
 ACTIVATION_PTRS = ("x_ptr", "dt_ptr", "B_ptr", "C_ptr", "z_ptr", "out_ptr")
-UNIT_STRIDES = ("x_d", "z_d", "o_d", "B_n", "C_n", "dt_h")
+UNIT_STRIDES = ("x_d", "z_d", "o_d", "B_n", "C_n", "dt_h", "sc_dim")
 
 
 def compile_sass(block_m: int, num_warps: int, state_dtype: str, head_dim: int) -> tuple:
     """(cuobjdump -sass text, its -res-usage text) of one launch config."""
     kernel = _selective_state_update_kernel
     names = kernel.arg_names
-    constexprs = dict(HEAD_DIM=head_dim, HAS_Z=True, HAS_SLOTS=True, BLOCK_M=block_m, BLOCK_N=128)
+    constexprs = dict(
+        HEAD_DIM=head_dim,
+        QUANTIZED=state_dtype == "i8",
+        HAS_Z=True,
+        HAS_SLOTS=True,
+        BLOCK_M=block_m,
+        BLOCK_N=128,
+    )
     constexprs.update({name: 1 for name in UNIT_STRIDES})
     pointers = {name: "*bf16" for name in ACTIVATION_PTRS}
-    pointers.update(state_ptr=f"*{state_dtype}", slots_ptr="*i64")
+    pointers.update(state_ptr=f"*{state_dtype}", slots_ptr="*i64", scale_ptr="*fp32")
     pointers.update({name: "*fp32" for name in ("A_ptr", "D_ptr", "dt_bias_ptr")})
     signature = {n: pointers.get(n, "constexpr" if n in constexprs else "i32") for n in names}
     # Tensors and strides as vLLM passes them: 16-byte aligned, multiples of 16.
