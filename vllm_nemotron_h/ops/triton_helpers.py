@@ -81,22 +81,25 @@ def plane_tile(slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS,
 
 
 @triton.jit
-def state_step(s, x, Bv, dt, A):
+def state_step(s, row_scale, x, Bv, dt, A):
     """One token of the recurrence for a tile of rows, in fp32: ``s`` (rows, d_state) the old
-    state, ``x``, ``dt`` (dt + dt_bias, before softplus) and ``A`` per row, ``Bv`` (d_state,).
-    Returns the new state; callers store it before they reduce y = s . C + D x."""
+    state times ``row_scale`` (an int8 state's per-row scales, folded into the decay; 1.0 for
+    a float state), ``x``, ``dt`` (dt + dt_bias, before softplus) and ``A`` per row, ``Bv``
+    (d_state,). Returns the new state; callers store it before they reduce y = s . C + D x."""
     dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)  # softplus
-    decay = tl.exp(A * dt)
+    decay = tl.exp(A * dt) * row_scale
     return s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]
 
 
 @triton.jit
 def quantize_rows(s):
     """The int8 state format (ops/state_format.py) of a tile of fp32 rows ``s`` (rows,
-    d_state): (q int8, scale fp32 per row). Masked columns must hold 0."""
+    d_state): (q int8, scale fp32 per row). Masked columns must hold 0. No clamp: with
+    inv = 127 / max |row| (finite, the row's max above MIN_ROW_MAX), |s * inv| <= 127 up to
+    rounding, which floor(v + 1/2) keeps within +-127."""
     amax = tl.max(tl.abs(s), axis=1)
-    scale = amax / 127.0
-    inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+    kept = amax > 1e-30  # state_format.MIN_ROW_MAX
+    scale = tl.where(kept, amax / 127.0, 0.0)
+    inv = tl.where(kept, 127.0 / amax, 0.0)
     q = tl.floor(s * inv[:, None] + 0.5)
-    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
     return q.to(tl.int8), scale

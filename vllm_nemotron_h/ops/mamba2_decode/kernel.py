@@ -171,7 +171,7 @@ def _mamba2_decode_kernel(
     Cv = (c_conv * tl.sigmoid(c_conv)).to(act).to(tl.float32)
     conv_shift(x_st, cs_t, x_w1, x_w2, x_new, live, WIDTH)
 
-    s = state_step(s, x, Bv, dt, A)
+    s = state_step(s, 1.0, x, Bv, dt, A)
     tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
     y = tl.sum(s * Cv[None, :], axis=1) + D * x
     y = tl.where(live, y * z * tl.sigmoid(z), 0.0).to(out_ptr.dtype.element_ty)

@@ -76,9 +76,10 @@ def _selective_state_update_kernel(
     row_offsets = h * s_head + p * s_dim
     state_ptrs = state_ptr + slot * s_slot + row_offsets[:, None] + cols[None, :]
     s = tl.load(state_ptrs, mask=tile_ok, other=0)
+    row_scale = 1.0
     if QUANTIZED:
         scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p * sc_dim
-        s = s.to(tl.float32) * tl.load(scale_ptrs, mask=live, other=0.0)[:, None]
+        row_scale = tl.load(scale_ptrs, mask=live, other=0.0)
     x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
     Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
@@ -88,7 +89,7 @@ def _selective_state_update_kernel(
     A = tl.load(A_ptr + h)
     D = tl.load(D_ptr + h)
 
-    s = state_step(s, x, Bv, dt, A)
+    s = state_step(s, row_scale, x, Bv, dt, A)
     if QUANTIZED:
         q, scale = quantize_rows(s)
         tl.store(state_ptrs, q, mask=tile_ok)
