@@ -34,6 +34,7 @@ from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference, rms
 from vllm_nemotron_h.ops.selective_state_update.reference import (
     selective_state_update_reference,
 )
+from vllm_nemotron_h.ops.state_format import dequantize, quantize
 from vllm_nemotron_h.ops.state_slot_copy.reference import (
     gather_state_slots_reference,
     scatter_state_slots_reference,
@@ -111,7 +112,7 @@ SSU_BROKEN = [None, None, None, ("head_dim", 8), ("head_dim", 130), ("d_state", 
     d_state=st.sampled_from([16, 24, 64, 128, 256]),
     ngroups=st.sampled_from([1, 2]),
     broken=st.sampled_from(SSU_BROKEN),
-    state_dtype=DTYPES,
+    state_dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int8]),
     act=DTYPES,
     gate=st.booleans(),
     slots=st.booleans(),
@@ -136,7 +137,10 @@ def test_selective_state_update_property(
     if broken:
         sizes[broken[0]] = broken[1]
     head_dim, d_state, ngroups = sizes.values()
-    state = rnd(batch + 2, nheads, head_dim, d_state, dtype=state_dtype)
+    if state_dtype == torch.int8:  # int8 rows and their fp32 scales (ops/state_format.py)
+        state, scale = quantize(rnd(batch + 2, nheads, head_dim, d_state))
+    else:
+        state, scale = rnd(batch + 2, nheads, head_dim, d_state, dtype=state_dtype), None
     x = rnd(batch, nheads, head_dim, dtype=act, strided=strided_x)
     args = dict(
         x=x,
@@ -152,16 +156,23 @@ def test_selective_state_update_property(
     # any strides of x are fine (the kernel takes them); the state needs unit last stride
     bad = [broken[0]] if broken else []
     s_ref = state.clone()
+    scale_ref = scale.clone() if scale is not None else None
     if bad:
         with refused("selective_state_update", bad[0]):
-            selective_state_update(state, **args, null_slot=0)
+            selective_state_update(state, **args, null_slot=0, state_scale=scale)
         assert torch.equal(state, s_ref), "a refused call must not touch the state"
         return
-    ref = selective_state_update_reference(s_ref, **args, null_slot=0)
-    out = selective_state_update(state, **args, null_slot=0)
+    ref = selective_state_update_reference(s_ref, **args, null_slot=0, state_scale=scale_ref)
+    out = selective_state_update(state, **args, null_slot=0, state_scale=scale)
     equal("selective_state_update", compared=bool(batch))
-    tol = max(TOL[act], TOL[state_dtype])
-    assert rel_err(state, s_ref) < tol
+    if scale is None:
+        tol = max(TOL[act], TOL[state_dtype])
+        assert rel_err(state, s_ref) < tol
+    else:  # within one quantum of the reference's rows (a value on a rounding boundary)
+        tol = TOL[act]
+        got, want = dequantize(state, scale).double(), dequantize(s_ref, scale_ref).double()
+        quantum = scale_ref.double()[..., None].expand_as(want)
+        assert ((got - want).abs() <= 1.001 * quantum + 1e-30).all()
     if batch:
         assert rel_err(out, ref) < tol
 
