@@ -20,8 +20,7 @@ import torch
 
 from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
 from vllm_nemotron_h.ops.rms_norm.interface import check_group
-from vllm_nemotron_h.ops.state_slot_copy.interface import check_state
-from vllm_nemotron_h.ops.support import check_tensor
+from vllm_nemotron_h.ops.state_slot_copy.interface import check_gather, check_scatter
 from vllm_nemotron_h.testing.op_inputs import Draw, MambaShape, decode_inputs
 
 RESULTS = Path(__file__).parent / "results"
@@ -44,12 +43,10 @@ def main() -> None:
     out = torch.empty(args.batch, shape.inner, dtype=act)
 
     def gather():
-        check_state(state, slots[:prefill])
-        check_tensor("has_initial", has_initial, (prefill,), (torch.bool,), state.device)
+        check_gather(state, slots[:prefill], has_initial)
 
     def scatter():
-        check_state(state, slots[:prefill])
-        check_tensor("values", final_states, (prefill, *state.shape[1:]), None, state.device)
+        check_scatter(state, slots[:prefill], final_states)
 
     def group_norm():
         check_group(y, t["norm_weight"], shape.group_size, t["z"], y)

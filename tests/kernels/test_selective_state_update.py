@@ -1,13 +1,12 @@
 import pytest
 import torch
-from helpers import DEVICES, TOL, draw, poisoned, rel_err
+from helpers import DEVICES, TOL, assert_int8_state_close, draw, poisoned, rel_err
 
 from vllm_nemotron_h.ops import selective_state_update
 from vllm_nemotron_h.ops.selective_state_update.cpu import selective_state_update_cpu
 from vllm_nemotron_h.ops.selective_state_update.reference import (
     selective_state_update_reference,
 )
-from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.testing.op_inputs import MambaShape, ssu_inputs
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
@@ -106,10 +105,6 @@ def test_cpu_path_matches_reference(state_dtype, gate):
         assert rel_err(t["state"], s_ref) < TOL[state_dtype]
 
 
-def dequantized(t: dict) -> torch.Tensor:
-    return dequantize(t["state"], t["state_scale"]).double()
-
-
 def check_int8(device, t, ref_inputs, config=None):
     """Runs the op on ``t`` and the reference on a copy; compares output and the dequantized
     states (within one quantum of the reference's row: rounding of a value on a boundary may
@@ -123,10 +118,10 @@ def check_int8(device, t, ref_inputs, config=None):
     finite = torch.isfinite(ref).all(-1).all(-1)
     assert rel_err(out[finite], ref[finite]) < tol
     assert (out[t["state_slots"] == 0] == 0).all(), "the null-slot row must be zero"
-    got, want = dequantized(t)[live], dequantized(ref_inputs)[live].to(device)
-    quantum = ref_inputs["state_scale"][live].double().to(device)[..., None]
-    ok = torch.isfinite(want).all(-1)
-    assert ((got - want).abs()[ok] <= 1.001 * quantum.expand_as(got)[ok] + 1e-30).all()
+    assert_int8_state_close(
+        t["state"][live], t["state_scale"][live],
+        ref_inputs["state"][live], ref_inputs["state_scale"][live],
+    )  # fmt: skip
     if live.numel():
         same_q = (t["state"][live] == ref_inputs["state"][live].to(device)).float().mean()
         assert same_q > 0.99, f"only {same_q:.4f} of the int8 values equal the reference's"

@@ -203,7 +203,7 @@ def decode_inputs(
         conv_state=conv_state_cache(draw, num_slots, s.conv_dim, s.width, act, dim_first),
         conv_weight=draw.normal(s.conv_dim, s.width, dtype=act) * 0.5,
         conv_bias=draw.normal(s.conv_dim, dtype=act) if bias else None,
-        ssm_state=draw.normal(num_slots, s.nheads, s.head_dim, s.d_state, dtype=state_dtype),
+        ssm_state=ssm_state_cache(draw, num_slots, s, state_dtype)["state"],
         norm_weight=draw.normal(s.inner, dtype=act),
         state_slots=draw.slots(batch, num_slots, null_row),
         **head_params(draw, s.nheads),

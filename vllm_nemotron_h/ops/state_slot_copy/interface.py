@@ -36,14 +36,31 @@ def check_state(state: torch.Tensor, slots: torch.Tensor) -> None:
     check_tensor("slots", slots, (None,), (torch.int32, torch.int64), state.device)
 
 
+def check_gather(
+    state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor | None
+) -> None:
+    """Raises ValueError naming the first argument of a gather that does not fit."""
+    check_state(state, slots)
+    if has_initial is not None:
+        check_tensor("has_initial", has_initial, (slots.shape[0],), (torch.bool,), state.device)
+
+
+def check_scatter(state: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """Raises ValueError naming the first argument of a scatter that does not fit."""
+    check_state(state, slots)
+    check_tensor("values", values, (slots.shape[0], *state.shape[1:]), None, state.device)
+    if values.dtype != state.dtype:
+        raise ValueError(f"values must have state's dtype {state.dtype}, got {values.dtype}")
+    if values.shape[0] and not values[0].is_contiguous():
+        raise ValueError(f"values must have each row contiguous, got strides {values.stride()}")
+
+
 def gather_state_slots(
     state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The slots' states as a new contiguous (rows, *per_slot) tensor; rows whose
     ``has_initial`` is False are zeros."""
-    check_state(state, slots)
-    if has_initial is not None:
-        check_tensor("has_initial", has_initial, (slots.shape[0],), (torch.bool,), state.device)
+    check_gather(state, slots, has_initial)
     if not use_triton(state):
         return gather_state_slots_cpu(state, slots, has_initial)
     return kernel.gather(state, slots, has_initial)
@@ -51,12 +68,7 @@ def gather_state_slots(
 
 def scatter_state_slots(state: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
     """Writes ``values[i]`` into slot ``slots[i]`` of ``state`` (slots must be distinct)."""
-    check_state(state, slots)
-    check_tensor("values", values, (slots.shape[0], *state.shape[1:]), None, state.device)
-    if values.dtype != state.dtype:
-        raise ValueError(f"values must have state's dtype {state.dtype}, got {values.dtype}")
-    if values.shape[0] and not values[0].is_contiguous():
-        raise ValueError(f"values must have each row contiguous, got strides {values.stride()}")
+    check_scatter(state, slots, values)
     if not use_triton(state):
         scatter_state_slots_cpu(state, slots, values)
         return
