@@ -45,6 +45,7 @@ FORMATS: dict[str, dict] = {
     "fp32": dict(mamba_ssm_cache_dtype="float32"),
     "bf16": dict(mamba_ssm_cache_dtype="bfloat16"),
     "fp16": dict(mamba_ssm_cache_dtype="float16"),
+    "int8": dict(additional_config={"nemotron_h": {"ssm_state": "int8"}}),
 }
 KL_CONTEXT = 2048
 PROMPT_TOKENS, GREEDY_PROMPTS = 64, 32

@@ -7,6 +7,8 @@ the median of --repeats runs (their min and max are kept as *_tok_s_range); time
 token is t(1 token) (best of two, median over the repeats). Rows are merged into
 benchmarks/results/e2e-<gpu>.json (keys model, batch, state_dtype, plugin_tok_s,
 builtin_tok_s, ...) and plotted. A tiny preset (e.g. "dense") runs on CPU too (a smoke run).
+State dtype "int8" is the plugin's int8 SSM state (additional_config nemotron_h.ssm_state;
+the built-in has none: its rows of the same job are the float32 / bfloat16 ones).
 
     python benchmarks/e2e.py --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32 --batches 64 \
@@ -43,11 +45,15 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
     )
 
     work = Path(tempfile.mkdtemp()) / model
-    args = dict(max_model_len=PROMPT_LEN + max_new + 16, max_num_seqs=max(batches), **engine)
+    args = dict(max_model_len=PROMPT_LEN + max_new + 16, max_num_seqs=max(batches))
     if model in REAL_SHAPES:
         args.update(model=str(write_real_shape_config(work, model)), load_format="dummy")
     else:
         args.update(model=str(write_tiny_checkpoint(work, model)))
+    if state_dtype == "int8":
+        engine = dict(engine, additional_config={"nemotron_h": {"ssm_state": "int8"}})
+        state_dtype = "auto"
+    args.update(engine)
     if torch.cuda.is_available():
         args.update(
             dtype="bfloat16",
@@ -172,6 +178,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     for model in args.models.split(","):
         for sdt in args.state_dtypes.split(","):
+            impls = [i for i in args.impls.split(",") if not (sdt == "int8" and i == "builtin")]
             res = {
                 impl: run_impl(
                     __file__,
@@ -184,7 +191,7 @@ def main() -> None:
                         engine=engine,
                     ),
                 )
-                for impl in args.impls.split(",")
+                for impl in impls
             }
             for b in batches:
                 key = dict(model=model, batch=b, state_dtype=sdt)

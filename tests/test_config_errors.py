@@ -37,6 +37,43 @@ def test_conv_activation_other_than_silu_is_refused():
         parallel_config=SimpleNamespace(tensor_parallel_size=1),
         cache_config=SimpleNamespace(mamba_cache_mode="none"),
         num_speculative_tokens=0,
+        additional_config={},
     )
     with pytest.raises(UnsupportedConfigError, match="unsupported mamba_hidden_act='gelu'"):
         validate(config)
+
+
+def test_unknown_ssm_state_format_is_refused_at_load(tiny_checkpoint):
+    err = run_engine_expect_failure(
+        dict(
+            model=tiny_checkpoint("dense"),
+            prompts=[[1, 2]],
+            max_tokens=2,
+            engine=dict(
+                dtype="float32",
+                max_model_len=256,
+                gpu_memory_utilization=0.1,
+                additional_config={"nemotron_h": {"ssm_state": "fp8"}},
+            ),
+        )
+    )
+    assert "unsupported additional_config['nemotron_h']['ssm_state']='fp8'; allowed: 'auto'" in err
+    assert "'int8'" in err
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"ssm_sate": "int8"}, r"unknown option additional_config\['nemotron_h'\]\['ssm_sate'\]"),
+        ("int8", r"additional_config\['nemotron_h'\] must be a dict"),
+    ],
+)
+def test_plugin_option_mistakes_are_named(section, message):
+    from types import SimpleNamespace
+
+    from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, plugin_options
+
+    config = SimpleNamespace(additional_config={"nemotron_h": section})
+    with pytest.raises(UnsupportedConfigError, match=message):
+        plugin_options(config)
+    assert plugin_options(SimpleNamespace(additional_config={})) == {"ssm_state": "auto"}

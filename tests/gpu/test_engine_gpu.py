@@ -96,6 +96,36 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
         assert not any(other in k for k in kernels), f"{other} ran in a decode step"
 
 
+def test_int8_state_eager_equals_cuda_graphs(checkpoint, reference):
+    """The int8 SSM state (additional_config nemotron_h.ssm_state) decodes the same tokens in
+    eager mode and with CUDA graphs (more requests than decode slots per graph), through the
+    fused decode tail; how far it stays with transformers' fp32 tokens is printed."""
+    spec = dict(
+        model=checkpoint,
+        prompts=PROMPTS,
+        max_tokens=NEW,
+        engine=dict(
+            ENGINE,
+            dtype="float32",
+            enforce_eager=True,
+            additional_config={"nemotron_h": {"ssm_state": "int8"}},
+        ),
+    )
+    eager = run_engine(dict(spec, profile=True), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    graph_engine = dict(spec["engine"], enforce_eager=False, max_num_seqs=2)
+    graph_engine["compilation_config"] = {"cudagraph_capture_sizes": [1, 2]}
+    graphs = run_engine(dict(spec, engine=graph_engine))
+    assert eager["model_class"].startswith("vllm_nemotron_h.")
+    assert graphs["tokens"] == eager["tokens"]
+    kernels = [row[0] for row in eager["profile"]]
+    assert any("_mamba2_decode_kernel" in k for k in kernels), kernels
+    agree = [
+        next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), len(r))
+        for t, r in zip(eager["tokens"], reference)
+    ]
+    print("int8: tokens equal to transformers' fp32 before the first difference:", agree)
+
+
 def test_moe_fp32_matches_builtin_and_transformers(tmp_path):
     """The MoE layers (Nemotron 3 Nano's `E`) on a GPU: vLLM's FusedMoE inside the plugin's
     model, CUDA graphs, the same tokens as the built-in and transformers (as above)."""

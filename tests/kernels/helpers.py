@@ -19,6 +19,9 @@ DEVICES = [
 ]
 # ||out - ref|| / ||ref|| allowed per output dtype (fp32 math everywhere).
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+# An int8 state adds no rounding to y (y is reduced from the fp32 state before it is stored);
+# its stored values are compared within one quantum (assert_int8_state_close).
+TOL[torch.int8] = TOL[torch.float32]
 # The Triton interpreter rounds fp32 -> bf16 by truncation, not to nearest even as the GPU and
 # torch do (half of 4,096 random values came out one bf16 step apart, up to 0.8 %). A kernel
 # that rounds intermediates to bf16 (the fused decode tail rounds the conv output) then drifts

@@ -1,10 +1,11 @@
 import pytest
 import torch
-from helpers import DEVICES, draw, poisoned, rel_err, tolerance
+from helpers import DEVICES, assert_int8_state_close, draw, poisoned, rel_err, tolerance
 
 from vllm_nemotron_h.ops import DecodeWorkspace, mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
+from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.testing.op_inputs import MambaShape, decode_inputs
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
@@ -25,9 +26,10 @@ def check(device, shape, batch, state_dtype, act, norm=True, config=None, fuse=T
     t = make_inputs(device, batch, shape, state_dtype, act, **layout)
     if not norm:
         t["norm_weight"] = None
-    refs = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
+    states = ("conv_state", "ssm_state") + (("ssm_scale",) if state_dtype == torch.int8 else ())
+    refs = {k: t[k].clone() for k in states}
     ref = mamba2_decode_reference(**{**t, **refs}, null_slot=0)
-    before = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
+    before = {k: t[k].clone() for k in states}
     ws = DecodeWorkspace.allocate(batch, shape[0], shape[1], device)
     tol = tolerance(act, state_dtype, device)
     untouched = torch.ones(t["ssm_state"].shape[0], dtype=torch.bool, device=device)
@@ -39,7 +41,18 @@ def check(device, shape, batch, state_dtype, act, norm=True, config=None, fuse=T
         out = poisoned(ref)
         mamba2_decode(**t, workspace=ws, null_slot=0, out=out, config=config, fuse=fuse)
         assert rel_err(out, ref) < tol
-        assert rel_err(t["ssm_state"], refs["ssm_state"]) < tol
+        if state_dtype == torch.int8 and act == torch.float32:
+            assert_int8_state_close(
+                t["ssm_state"], t["ssm_scale"], refs["ssm_state"], refs["ssm_scale"]
+            )
+        elif state_dtype == torch.int8:
+            # The conv outputs x, B are rounded to bf16 from fp32 (kernel) and from fp64
+            # (reference): one bf16 step apart at a tie moves a state value by more than a
+            # quantum, so the dequantized states are compared as a float state's are.
+            got = dequantize(t["ssm_state"], t["ssm_scale"])
+            assert rel_err(got, dequantize(refs["ssm_state"], refs["ssm_scale"])) < tol
+        else:
+            assert rel_err(t["ssm_state"], refs["ssm_state"]) < tol
         assert torch.equal(t["conv_state"], refs["conv_state"]), "the conv shift must be exact"
         assert (out[0] == 0).all(), "the null-slot row must be zero"
         for k in before:
@@ -67,6 +80,18 @@ def test_three_kernel_path_matches(device, norm):
     for shape in shapes:
         for batch in (3,) if device == "cpu" else (1, 64, 256):
             check(device, shape, batch, torch.float32, act, norm, fuse=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fuse", [True, False])
+def test_int8_state_matches_reference(device, fuse):
+    """An int8 state with its per-row scales, through the one launch and the three kernels:
+    y as the int8 reference's, states within one quantum, foreign slots and scales untouched."""
+    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    for shape in shapes:
+        for batch in (3,) if device == "cpu" else (1, 64):
+            check(device, shape, batch, torch.int8, act, fuse=fuse)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -134,20 +159,26 @@ def test_bad_arguments_raise(change, message):
         mamba2_decode(**t, null_slot=0)
 
 
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("norm", [True, False])
 def test_cpu_path_matches_reference(state_dtype, norm):
     """The CPU serving path (the three ops' CPU paths) against the literal reference."""
+    tol = tolerance(torch.float32, state_dtype, "cuda")
     for shape in CPU_SHAPES:
         t = make_inputs("cpu", 4, shape, state_dtype, torch.float32, dim_first=False)
         if not norm:
             t["norm_weight"] = None
-        refs = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
+        refs = {
+            k: t[k].clone() for k in ("conv_state", "ssm_state", "ssm_scale") if t[k] is not None
+        }
         ref = mamba2_decode_reference(**{**t, **refs}, null_slot=0)
         out = poisoned(ref)
         mamba2_decode_cpu(**t, eps=1e-5, null_slot=0, out=out)
-        assert rel_err(out, ref) < tolerance(torch.float32, state_dtype, "cuda")
-        assert rel_err(t["ssm_state"], refs["ssm_state"]) < tolerance(
-            torch.float32, state_dtype, "cuda"
-        )
+        assert rel_err(out, ref) < tol
+        if state_dtype == torch.int8:
+            assert_int8_state_close(
+                t["ssm_state"], t["ssm_scale"], refs["ssm_state"], refs["ssm_scale"]
+            )
+        else:
+            assert rel_err(t["ssm_state"], refs["ssm_state"]) < tol
         assert torch.equal(t["conv_state"], refs["conv_state"])

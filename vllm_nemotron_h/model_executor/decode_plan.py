@@ -23,6 +23,7 @@ from vllm_nemotron_h.ops.mamba2_decode.kernel import DecodeWorkspace
 from vllm_nemotron_h.ops.rms_norm import interface as norm_op
 from vllm_nemotron_h.ops.rms_norm import kernel as norm_kernel
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
+from vllm_nemotron_h.ops.state_format import dequantize, quantize
 from vllm_nemotron_h.ops.state_slot_copy import interface as copy_op
 from vllm_nemotron_h.ops.state_slot_copy import kernel as copy_kernel
 from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu, scatter_state_slots_cpu
@@ -80,25 +81,29 @@ class LayerPlan:
         kv_cache: object,
         conv_state: torch.Tensor,
         ssm_state: torch.Tensor,
+        ssm_scale: torch.Tensor | None,
         xbc: torch.Tensor,
         dt: torch.Tensor,
         gate: torch.Tensor,
         out: torch.Tensor,
         null_slot: int,
     ) -> None:
-        """Checks the layer's tensors and this step's activation views (any rows)."""
+        """Checks the layer's tensors and this step's activation views (any rows).
+        ``ssm_scale``: the per-row scales of an int8 ``ssm_state`` (ops/state_format.py)."""
         w = weights
         norm_weight = w.norm_weight if w.decode_norm else None
         no_slots = torch.empty(0, dtype=torch.int64, device=xbc.device)
         decode_op.check(
             xbc, dt, gate, conv_state, w.conv_weight, w.conv_bias, ssm_state, w.A, w.D,
-            w.dt_bias, norm_weight, None, out,
+            w.dt_bias, norm_weight, None, out, ssm_scale,
         )  # fmt: skip
         if w.decode_norm:
             norm_op.check_group(out, w.norm_weight, w.group_size, gate, out)
         copy_op.check_state(ssm_state, no_slots)
+        if ssm_scale is not None:
+            copy_op.check_state(ssm_scale, no_slots)
         self.kv_cache = kv_cache  # the binding this plan was made for
-        self.conv_state, self.ssm_state = conv_state, ssm_state
+        self.conv_state, self.ssm_state, self.ssm_scale = conv_state, ssm_state, ssm_scale
         self.weights = weights
         # The decode tail's arguments after the step's activations, in its order.
         self.layer_args = (
@@ -128,10 +133,12 @@ class LayerPlan:
             )
             decode_op.run(
                 launch, xbc, dt, gate, *self.layer_args, self.workspace, state_slots,
-                self.null_slot, out,
+                self.null_slot, out, self.ssm_scale,
             )  # fmt: skip
         else:
-            mamba2_decode_cpu(xbc, dt, gate, *self.layer_args, state_slots, self.null_slot, out)
+            mamba2_decode_cpu(
+                xbc, dt, gate, *self.layer_args, state_slots, self.null_slot, out, self.ssm_scale
+            )
 
     def _beyond_table(self, batch: int) -> DecodeLaunch:
         # More rows than max_num_seqs (a padded CUDA-graph batch): resolved and checked here.
@@ -142,15 +149,38 @@ class LayerPlan:
         return launch
 
     def gather_initial_states(self, slots: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
-        if self.on_triton:
-            return copy_kernel.gather(self.ssm_state, slots, has_initial)
-        return gather_state_slots_cpu(self.ssm_state, slots, has_initial)
+        """The prefill rows' initial SSM states (zeros where a row has none), in the state's
+        dtype, or in fp32 for an int8 state (dequantized)."""
+        states = self._gather(self.ssm_state, slots, has_initial)
+        if self.ssm_scale is None:
+            return states
+        return dequantize(states, self._gather(self.ssm_scale, slots, has_initial))
 
     def scatter_final_states(self, slots: torch.Tensor, states: torch.Tensor) -> None:
+        """Writes the prefill rows' final SSM states into their slots (quantized for an int8
+        state, with their scales)."""
+        if self.ssm_scale is None:
+            self._scatter(self.ssm_state, slots, states)
+            return
+        q, scale = quantize(states.float())
+        self._scatter(self.ssm_state, slots, q)
+        self._scatter(self.ssm_scale, slots, scale)
+
+    @property
+    def scan_state_dtype(self) -> torch.dtype:
+        """The dtype vLLM's chunked scan hands its states in: an int8 state's is fp32."""
+        return torch.float32 if self.ssm_scale is not None else self.ssm_state.dtype
+
+    def _gather(self, state, slots, has_initial) -> torch.Tensor:
         if self.on_triton:
-            copy_kernel.scatter(self.ssm_state, slots, states)
+            return copy_kernel.gather(state, slots, has_initial)
+        return gather_state_slots_cpu(state, slots, has_initial)
+
+    def _scatter(self, state, slots, values) -> None:
+        if self.on_triton:
+            copy_kernel.scatter(state, slots, values)
         else:
-            scatter_state_slots_cpu(self.ssm_state, slots, states)
+            scatter_state_slots_cpu(state, slots, values)
 
     def gated_group_norm(self, y: torch.Tensor, gate: torch.Tensor | None) -> None:
         """Group RMSNorm of ``y`` in place, gated by silu(``gate``) first when given."""

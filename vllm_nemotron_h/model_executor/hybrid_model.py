@@ -15,7 +15,12 @@ import importlib.metadata
 from vllm_nemotron_h.model_executor.custom_ops import PluginRMSNorm
 from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
-from vllm_nemotron_h.model_executor.validation import validate
+from vllm_nemotron_h.model_executor.ssm_state_cache import (
+    state_copy_funcs,
+    state_dtypes,
+    state_shapes,
+)
+from vllm_nemotron_h.model_executor.validation import ssm_state_format, validate
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     mamba_cache_mode,
@@ -40,9 +45,30 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         validate(vllm_config)
         log_what_runs(describe(vllm_config))
+        self.ssm_state_format = ssm_state_format(vllm_config)
         moe_layer = CpuNemotronHMoEDecoderLayer if on_cpu() else None
         with plugin_layers(PluginMambaMixer2, PluginRMSNorm, moe_layer):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
+
+    # The state tensors of a Mamba layer in vLLM's cache (ssm_state_cache.py), as the engine
+    # sizes them from the config and as the layers declare them.
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        shapes = super().get_mamba_state_shape_from_config(vllm_config)
+        return state_shapes(tuple(shapes), ssm_state_format(vllm_config))
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        dtypes = super().get_mamba_state_dtype_from_config(vllm_config)
+        return state_dtypes(dtypes, ssm_state_format(vllm_config))
+
+    # vLLM's model runner asks the model instance for these (the format is the instance's).
+    def get_mamba_state_copy_func(self):
+        return state_copy_funcs(super().get_mamba_state_copy_func(), self.ssm_state_format)
+
+    def get_mamba_state_copy_funcs(self, mamba_types):
+        funcs = self.get_mamba_state_copy_func()
+        return {mamba_type: funcs for mamba_type in mamba_types}
 
 
 def describe(vllm_config: VllmConfig) -> str:
@@ -62,11 +88,17 @@ def describe(vllm_config: VllmConfig) -> str:
         prefill, moe = "kernels", "MoE layers vLLM's"
     return (
         f"vllm-nemotron-h {version} serves NemotronHForCausalLM: Mamba2 decode on {decode}; "
-        f"SSM state {ssm_state_dtype(vllm_config)}; prefill slot copies and group norm on the "
+        f"SSM state {state_description(vllm_config)}; prefill slot copies and group norm on the "
         f"plugin's {prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP and "
         f"linear layers vLLM's, {moe}; Mamba prefix caching mode "
         f"{mamba_cache_mode(vllm_config)!r}; tensor parallel {tensor_parallel_size_of(vllm_config)}"
     )
+
+
+def state_description(vllm_config: VllmConfig) -> str:
+    if ssm_state_format(vllm_config) == "int8":
+        return "int8 with an fp32 scale per row (additional_config nemotron_h.ssm_state)"
+    return ssm_state_dtype(vllm_config)
 
 
 @functools.cache

@@ -21,7 +21,10 @@ from __future__ import annotations
 import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import LayerPlan, LayerWeights
+from vllm_nemotron_h.model_executor.ssm_state_cache import INT8, state_dtypes, state_shapes
 from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, StateSlotsMetadata
+from vllm_nemotron_h.model_executor.validation import ssm_state_format
+from vllm_nemotron_h.vllm_boundary.config import current_vllm_config
 from vllm_nemotron_h.vllm_boundary.layers import (
     MambaMixer2,
     all_reduce,
@@ -47,10 +50,17 @@ class PluginMambaMixer2(MambaMixer2):
         self.group_size = self.intermediate_size // kwargs["n_groups"]
         # n_groups == 1 under TP: the one group spans ranks, its sum of squares is all-reduced.
         self.norm_spans_ranks = self.tp_size > 1 and kwargs["n_groups"] == 1
+        self.ssm_state_format = ssm_state_format(current_vllm_config())
         self.plan: LayerPlan | None = None
 
     def get_attn_backend(self) -> type[StateSlotsMamba2Backend]:
         return StateSlotsMamba2Backend
+
+    def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
+        return state_shapes(tuple(super().get_state_shape()), self.ssm_state_format)
+
+    def get_state_dtype(self) -> tuple[torch.dtype, ...]:
+        return state_dtypes(super().get_state_dtype(), self.ssm_state_format)
 
     def forward(self, hidden_states: torch.Tensor, mup_vector: torch.Tensor | None = None):
         projected_states, _ = self.in_proj(hidden_states)
@@ -68,7 +78,9 @@ class PluginMambaMixer2(MambaMixer2):
         md = step_metadata(self.prefix)
         if md is None:
             # Profile run: let vLLM autotune its prefill kernels while memory is free.
-            warm_up_prefill_kernels(self, projected_states)
+            conv_dtype, ssm_dtype = super().get_state_dtype()
+            scan_dtype = torch.float32 if self.ssm_state_format == INT8 else ssm_dtype
+            warm_up_prefill_kernels(self, projected_states, (conv_dtype, scan_dtype))
             return
         n_dec = md.num_decode_tokens
         n_all = n_dec + md.num_prefill_tokens
@@ -95,7 +107,7 @@ class PluginMambaMixer2(MambaMixer2):
     def _plan(self, md: StateSlotsMetadata, xbc, dt, gate, out) -> LayerPlan:
         """The layer's plan for its bound state cache, made at its first step."""
         if self.plan is None or self.plan.kv_cache is not self.kv_cache:
-            conv_state, ssm_state = mixer_states(self)
+            conv_state, ssm_state, ssm_scale = mixer_states(self)
             weights = LayerWeights(
                 self.conv_weights,
                 self.conv1d.bias,
@@ -108,7 +120,7 @@ class PluginMambaMixer2(MambaMixer2):
                 decode_norm=not self.norm_spans_ranks,
             )
             self.plan = LayerPlan(
-                md.decode_plan, weights, self.kv_cache, conv_state, ssm_state,
+                md.decode_plan, weights, self.kv_cache, conv_state, ssm_state, ssm_scale,
                 xbc, dt, gate, out, NULL_BLOCK_ID,
             )  # fmt: skip
         return self.plan
@@ -129,8 +141,9 @@ class PluginMambaMixer2(MambaMixer2):
             self.ssm_state_size, self.conv_kernel_size - 1,
         )  # fmt: skip
         final_states = scan_prefill(
-            md, scan, x, B, C, dt, out, initial_states, xbc, conv_state, ssm_state
-        )
+            md, scan, x, B, C, dt, out, initial_states, xbc, conv_state, ssm_state,
+            plan.scan_state_dtype, plan.scatter_final_states,
+        )  # fmt: skip
         plan.scatter_final_states(md.state_indices_tensor_p, final_states)
 
     def _norm_across_ranks(self, y: torch.Tensor, gate: torch.Tensor | None = None) -> None:

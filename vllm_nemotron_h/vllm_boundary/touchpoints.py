@@ -133,6 +133,31 @@ def _check_warmup() -> None:
     from vllm_nemotron_h.vllm_boundary.layers import MambaMixer2
 
     _params(MambaMixer2._warmup_ssd_kernels, "projected_states")
+    source = inspect.getsource(MambaMixer2._warmup_ssd_kernels)
+    _require(
+        "self.get_state_dtype()" in source,
+        "the warm-up no longer takes the scan's state dtype from self.get_state_dtype()",
+    )
+
+
+def _check_state_tensors() -> None:
+    from vllm.model_executor.layers.mamba import mamba_utils
+
+    from vllm_nemotron_h.vllm_boundary.layers import VllmNemotronHForCausalLM
+
+    funcs = VllmNemotronHForCausalLM.get_mamba_state_copy_func()
+    _require(
+        funcs == mamba_utils.MambaStateCopyFuncCalculator.mamba2_state_copy_func()
+        and len(funcs) == 2,
+        f"Nemotron-H's state copy functions are no longer (conv, temporal): {funcs}",
+    )
+
+
+def _check_plugin_options() -> None:
+    from vllm.config import VllmConfig, get_current_vllm_config
+
+    _fields(VllmConfig, "additional_config")
+    _require(callable(get_current_vllm_config), "vllm.config.get_current_vllm_config is gone")
 
 
 def _check_conv_layout() -> None:
@@ -301,6 +326,29 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "vLLM warming its scan kernels outside the layer",
         _check_warmup,
+    ),
+    Touchpoint(
+        "state-tensors",
+        "the model's get_mamba_state_{shape,dtype}_from_config and the layer's "
+        "get_state_{shape,dtype} overridden to append a third tensor; "
+        "get_mamba_state_copy_func(s) on the model instance; the runner binding one tensor "
+        "per declared state shape (kv_cache[2]: exercised by the int8 engine tests)",
+        "an int8 SSM state keeps its fp32 scales as a third state tensor, so vLLM allocates, "
+        "pages, shards and (prefix caching) copies them with the state; vLLM's warm-up reads "
+        "get_state_dtype() as (conv, ssm) and is shown the scan's dtypes",
+        BOTH,
+        "vLLM carrying quantized SSM states itself (open pull requests #40012, #52962)",
+        _check_state_tensors,
+    ),
+    Touchpoint(
+        "plugin-options",
+        "VllmConfig.additional_config['nemotron_h'] and vllm.config.get_current_vllm_config",
+        "the plugin's own options are set the vLLM way (--additional-config, "
+        "LLM(additional_config=...)) and read in every process; the mixer's constructor is "
+        "not handed the whole config",
+        BOTH,
+        "never: additional_config is vLLM's place for a plugin's options",
+        _check_plugin_options,
     ),
     Touchpoint(
         "conv-state-layout",

@@ -26,6 +26,7 @@ def mamba2_decode_cpu(
     state_slots: torch.Tensor | None,
     null_slot: int,
     out: torch.Tensor,
+    ssm_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same arguments and effects as the interface's ``mamba2_decode`` (no workspace, ``out``
     given); no checks."""
@@ -38,7 +39,7 @@ def mamba2_decode_cpu(
     x, B, C = split_xbc(conv, nheads, head_dim, d_state)
     selective_state_update_cpu(
         ssm_state, x, dt, A, B, C, D, dt_bias, z.reshape(batch, nheads, head_dim),
-        state_slots, null_slot, out.view(batch, nheads, head_dim),
+        state_slots, null_slot, out.view(batch, nheads, head_dim), ssm_scale,
     )  # fmt: skip
     if norm_weight is not None:
         group_rms_norm_cpu(out, norm_weight, nheads * head_dim // B.shape[1], eps, out=out)

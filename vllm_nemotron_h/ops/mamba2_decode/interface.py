@@ -20,7 +20,9 @@ Shapes and dtypes:
     dt          (batch, nheads); z, out (batch, nheads * head_dim)    activation dtype
     conv_state  (num_slots, conv_dim, width - 1)                      any strides
     conv_weight (conv_dim, width), conv_bias (conv_dim,)
-    ssm_state   (num_slots, nheads, head_dim, d_state)                state dtype
+    ssm_state   (num_slots, nheads, head_dim, d_state)                state dtype, or int8
+    ssm_scale   (num_slots, nheads, head_dim) fp32                    with its per-row scales
+                                                                      (ops/state_format.py)
     A, D, dt_bias (nheads,) fp32; norm_weight (nheads * head_dim,); state_slots (batch,) int64
 Supported ranges and dtypes: ops/support.py.
 """
@@ -46,6 +48,7 @@ from vllm_nemotron_h.ops.support import (
     CONV_WIDTH_RANGE,
     D_STATE_RANGE,
     HEAD_DIM_RANGE,
+    QUANTIZED_STATE_DTYPES,
     STATE_DTYPES,
     check_range,
     check_slots,
@@ -139,13 +142,15 @@ def resolve_launch(shape: DecodeShape, batch: int) -> DecodeLaunch:
 
 def check(
     xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
-    norm_weight, state_slots, out,
+    norm_weight, state_slots, out, ssm_scale=None,
 ) -> None:  # fmt: skip
     """Raises ValueError naming the first argument that does not fit."""
     check_tensor("xbc", xbc, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
     batch, conv_dim = xbc.shape
     dev = xbc.device
-    check_tensor("ssm_state", ssm_state, (None, None, None, None), STATE_DTYPES, dev, True)
+    dtypes = STATE_DTYPES + QUANTIZED_STATE_DTYPES
+    check_tensor("ssm_state", ssm_state, (None, None, None, None), dtypes, dev, True)
+    ssu_op.check_state_scale(ssm_state, ssm_scale, "ssm_state", "ssm_scale")
     _, nheads, head_dim, d_state = ssm_state.shape
     check_range("head_dim", head_dim, HEAD_DIM_RANGE)
     check_range("d_state", d_state, D_STATE_RANGE)
@@ -215,12 +220,14 @@ def run(
     state_slots: torch.Tensor | None,
     null_slot: int,
     out: torch.Tensor,
+    ssm_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Runs a resolved launch on the GPU (or the Triton interpreter); no checks."""
     if launch.fused:
         return kernel.launch(
             xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
             norm_weight, eps, workspace, state_slots, null_slot, out, *launch.fused_config,
+            ssm_scale,
         )  # fmt: skip
     batch = xbc.shape[0]
     _, nheads, head_dim, d_state = ssm_state.shape
@@ -232,7 +239,7 @@ def run(
     x, B, C = split_xbc(conv, nheads, head_dim, d_state)
     ssu_kernel.launch(
         ssm_state, x, dt, A, B, C, D, dt_bias, z.view(batch, nheads, head_dim), state_slots,
-        null_slot, out.view(batch, nheads, head_dim), *launch.ssu_config,
+        null_slot, out.view(batch, nheads, head_dim), *launch.ssu_config, ssm_scale,
     )  # fmt: skip
     if norm_weight is not None:
         norm_kernel.launch_group(out, norm_weight, nheads * head_dim // B.shape[1], eps, out=out)
@@ -258,21 +265,23 @@ def mamba2_decode(
     out: torch.Tensor | None = None,
     config: tuple[int, int] | None = None,
     fuse: bool | None = None,
+    ssm_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advances both states of every sequence by one token in place and returns ``out``
     (batch, nheads * head_dim): normalised when ``norm_weight`` is given, else gated y.
     ``fuse``: one launch (True), the three ops' kernels (False), or the device table's
     choice (None). The one launch needs ``workspace``; ``config`` = (BLOCK_M, num_warps)
-    overrides its table."""
+    overrides its table. ``ssm_scale`` holds the per-row scales of an int8 ``ssm_state``
+    (updated in place with it)."""
     check(
         xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
-        norm_weight, state_slots, out,
+        norm_weight, state_slots, out, ssm_scale,
     )  # fmt: skip
     if out is None:
         out = torch.empty_like(z)
     args = (xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias)
     if not use_triton(xbc):
-        return mamba2_decode_cpu(*args, norm_weight, eps, state_slots, null_slot, out)
+        return mamba2_decode_cpu(*args, norm_weight, eps, state_slots, null_slot, out, ssm_scale)
     shape = DecodeShape.of(xbc, conv_weight, ssm_state)
     batch = xbc.shape[0]
     launch = resolve_launch(shape, batch)
@@ -287,4 +296,4 @@ def mamba2_decode(
         launch = DecodeLaunch(fused, fused_config, launch.conv_config, launch.ssu_config)
     if launch.fused:
         check_workspace(workspace, *launch.workspace_needs(shape, batch), xbc.device)
-    return run(launch, *args, norm_weight, eps, workspace, state_slots, null_slot, out)
+    return run(launch, *args, norm_weight, eps, workspace, state_slots, null_slot, out, ssm_scale)

@@ -22,7 +22,13 @@ import triton
 import triton.language as tl
 
 from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of
-from vllm_nemotron_h.ops.triton_helpers import conv_shift, conv_window, plane_tile, state_step
+from vllm_nemotron_h.ops.triton_helpers import (
+    conv_shift,
+    conv_window,
+    plane_tile,
+    quantize_rows,
+    state_step,
+)
 
 # The smallest tile the workspace is sized for: one partial sum per MIN_BLOCK_M rows.
 MIN_BLOCK_M = 4
@@ -65,6 +71,7 @@ def _mamba2_decode_kernel(
     norm_w_ptr,
     out_ptr,
     slots_ptr,
+    scale_ptr,
     counters_ptr,
     partials_ptr,
     null_slot,
@@ -84,8 +91,12 @@ def _mamba2_decode_kernel(
     s_slot,
     s_head,
     s_dim,
+    sc_slot,
+    sc_head,
+    sc_dim,
     o_b,
     HEAD_DIM: tl.constexpr,
+    QUANTIZED: tl.constexpr,
     WIDTH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
@@ -109,7 +120,11 @@ def _mamba2_decode_kernel(
     # Every load before the arithmetic: the state tile, the conv windows of the tile's x
     # channels and of its group's B and C channels, then the per-row values.
     state_ptrs = state_ptr + slot * s_slot + (h * s_head + p * s_dim)[:, None] + cols[None, :]
-    s = tl.load(state_ptrs, mask=tile_ok, other=0.0)
+    s = tl.load(state_ptrs, mask=tile_ok, other=0)
+    row_scale = 1.0
+    if QUANTIZED:
+        scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p * sc_dim
+        row_scale = tl.load(scale_ptrs, mask=live, other=0.0)
     xbc_row = xbc_ptr + b * xbc_b
     cs_base = conv_state_ptr + slot * cs_slot
     x_st = cs_base + rows * cs_dim
@@ -171,8 +186,13 @@ def _mamba2_decode_kernel(
     Cv = (c_conv * tl.sigmoid(c_conv)).to(act).to(tl.float32)
     conv_shift(x_st, cs_t, x_w1, x_w2, x_new, live, WIDTH)
 
-    s = state_step(s, 1.0, x, Bv, dt, A)
-    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+    s = state_step(s, row_scale, x, Bv, dt, A)
+    if QUANTIZED:
+        q, scale = quantize_rows(s)
+        tl.store(state_ptrs, q, mask=tile_ok)
+        tl.store(scale_ptrs, scale, mask=live)
+    else:
+        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
     y = tl.sum(s * Cv[None, :], axis=1) + D * x
     y = tl.where(live, y * z * tl.sigmoid(z), 0.0).to(out_ptr.dtype.element_ty)
     out_row = out_ptr + b * o_b
@@ -228,9 +248,11 @@ def launch(
     out: torch.Tensor,
     block_m: int,
     num_warps: int,
+    ssm_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launches the fused kernel; no argument checks (the interface and the decode plan
-    check, the workspace included)."""
+    check, the workspace included). ``ssm_scale`` holds the per-row scales of an int8
+    ``ssm_state``."""
     batch, conv_dim = xbc.shape
     _, nheads, head_dim, d_state = ssm_state.shape
     inner = nheads * head_dim
@@ -239,6 +261,7 @@ def launch(
     n_tiles = inner // block_m
     if batch == 0:
         return out
+    scale = ssm_scale if ssm_scale is not None else A.view(1, 1, -1)
     _mamba2_decode_kernel[(n_tiles, batch)](
         xbc,
         dt,
@@ -253,6 +276,7 @@ def launch(
         norm_weight if norm_weight is not None else A,
         out,
         state_slots if state_slots is not None else dt,
+        scale,
         workspace.counters,
         workspace.partial_sums,
         null_slot,
@@ -272,8 +296,12 @@ def launch(
         ssm_state.stride(0),
         ssm_state.stride(1),
         ssm_state.stride(2),
+        scale.stride(0),
+        scale.stride(1),
+        scale.stride(2),
         out.stride(0),
         HEAD_DIM=head_dim,
+        QUANTIZED=ssm_scale is not None,
         WIDTH=conv_weight.shape[1],
         HAS_BIAS=conv_bias is not None,
         HAS_SLOTS=state_slots is not None,

@@ -31,6 +31,7 @@ def mamba2_decode_reference(
     state_slots: torch.Tensor | None = None,
     null_slot: int = -1,
     out: torch.Tensor | None = None,
+    ssm_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same arguments and effects as ``mamba2_decode`` (see interface.py); ``workspace`` is
     not used."""
@@ -52,6 +53,7 @@ def mamba2_decode_reference(
         z.reshape(batch, nheads, head_dim),
         state_slots,
         null_slot,
+        state_scale=ssm_scale,
     ).reshape(batch, nheads * head_dim)  # rounded to the activation dtype, as y is stored
     if norm_weight is not None:
         y = group_rms_norm_reference(y, norm_weight, nheads * head_dim // B.shape[1], eps)

@@ -60,6 +60,22 @@ def launch_config(
     )
 
 
+def check_state_scale(
+    state: torch.Tensor,
+    scale: torch.Tensor | None,
+    state_name: str = "state",
+    scale_name: str = "state_scale",
+) -> None:
+    """An int8 state needs its fp32 per-row scales (state.shape[:3], on its device); a float
+    state takes none."""
+    if state.dtype in QUANTIZED_STATE_DTYPES:
+        check_tensor(scale_name, scale, state.shape[:3], (torch.float32,), state.device)
+    elif scale is not None:
+        raise ValueError(
+            f"{scale_name} is for an int8 state only; {state_name} has dtype {state.dtype}"
+        )
+
+
 def check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out, state_scale=None) -> None:
     """Raises ValueError naming the first argument that does not fit."""
     check_tensor("x", x, (None, None, None), ACTIVATION_DTYPES)
@@ -67,10 +83,7 @@ def check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out, state_scale=No
     dev = x.device
     dtypes = STATE_DTYPES + QUANTIZED_STATE_DTYPES
     check_tensor("state", state, (None, nheads, head_dim, None), dtypes, dev, True)
-    if state.dtype in QUANTIZED_STATE_DTYPES:
-        check_tensor("state_scale", state_scale, state.shape[:3], (torch.float32,), dev)
-    elif state_scale is not None:
-        raise ValueError(f"state_scale is for an int8 state only; state has dtype {state.dtype}")
+    check_state_scale(state, state_scale)
     d_state = state.shape[-1]
     check_range("head_dim", head_dim, HEAD_DIM_RANGE)
     check_range("d_state", d_state, D_STATE_RANGE)
