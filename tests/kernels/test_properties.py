@@ -475,6 +475,7 @@ def test_model_config_property(seed, fields, broken):
         parallel_config=SimpleNamespace(tensor_parallel_size=c.tensor_parallel_size),
         cache_config=SimpleNamespace(mamba_cache_mode=c.mamba_cache_mode),
         num_speculative_tokens=c.num_speculative_tokens,
+        additional_config={},
     )
     heads, groups, tp = c.mamba_num_heads, c.n_groups, c.tensor_parallel_size
     mamba = "M" in c.hybrid_override_pattern
