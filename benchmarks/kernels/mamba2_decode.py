@@ -84,7 +84,7 @@ def three_kernels(shape: MambaShape, batch: int, state_dtype: torch.dtype, ours:
 def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: list) -> None:
     shape = MambaShape.of_model(model)
     for sdt in state_dtypes:
-        if sdt not in STATE_DTYPES:  # an int8 state: only the state update takes it
+        if sdt not in STATE_DTYPES:  # int8: vLLM has no int8 state to compare with
             continue
         for batch in batches:
             name = harness.dtype_name(sdt)

@@ -81,6 +81,29 @@ def plane_tile(slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS,
 
 
 @triton.jit
+def load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED: tl.constexpr):
+    """A tile of the state as stored and its rows' scales (an int8 state, QUANTIZED; 1.0 for
+    a float state, whose ``scale_ptrs`` are not read)."""
+    s = tl.load(state_ptrs, mask=tile_ok, other=0)
+    row_scale = 1.0
+    if QUANTIZED:
+        row_scale = tl.load(scale_ptrs, mask=live, other=0.0)
+    return s, row_scale
+
+
+@triton.jit
+def store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED: tl.constexpr):
+    """Stores the fp32 tile ``s`` in the state's format: int8 rows with new scales
+    (QUANTIZED) or the float state's dtype."""
+    if QUANTIZED:
+        q, scale = quantize_rows(s)
+        tl.store(state_ptrs, q, mask=tile_ok)
+        tl.store(scale_ptrs, scale, mask=live)
+    else:
+        tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
 def state_step(s, row_scale, x, Bv, dt, A):
     """One token of the recurrence for a tile of rows, in fp32: ``s`` (rows, d_state) the old
     state times ``row_scale`` (an int8 state's per-row scales, folded into the decay; 1.0 for

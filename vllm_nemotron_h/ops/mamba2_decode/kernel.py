@@ -25,9 +25,10 @@ from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of
 from vllm_nemotron_h.ops.triton_helpers import (
     conv_shift,
     conv_window,
+    load_state_tile,
     plane_tile,
-    quantize_rows,
     state_step,
+    store_state_tile,
 )
 
 # The smallest tile the workspace is sized for: one partial sum per MIN_BLOCK_M rows.
@@ -120,11 +121,8 @@ def _mamba2_decode_kernel(
     # Every load before the arithmetic: the state tile, the conv windows of the tile's x
     # channels and of its group's B and C channels, then the per-row values.
     state_ptrs = state_ptr + slot * s_slot + (h * s_head + p * s_dim)[:, None] + cols[None, :]
-    s = tl.load(state_ptrs, mask=tile_ok, other=0)
-    row_scale = 1.0
-    if QUANTIZED:
-        scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p * sc_dim
-        row_scale = tl.load(scale_ptrs, mask=live, other=0.0)
+    scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p * sc_dim
+    s, row_scale = load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED)
     xbc_row = xbc_ptr + b * xbc_b
     cs_base = conv_state_ptr + slot * cs_slot
     x_st = cs_base + rows * cs_dim
@@ -187,12 +185,7 @@ def _mamba2_decode_kernel(
     conv_shift(x_st, cs_t, x_w1, x_w2, x_new, live, WIDTH)
 
     s = state_step(s, row_scale, x, Bv, dt, A)
-    if QUANTIZED:
-        q, scale = quantize_rows(s)
-        tl.store(state_ptrs, q, mask=tile_ok)
-        tl.store(scale_ptrs, scale, mask=live)
-    else:
-        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+    store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED)
     y = tl.sum(s * Cv[None, :], axis=1) + D * x
     y = tl.where(live, y * z * tl.sigmoid(z), 0.0).to(out_ptr.dtype.element_ty)
     out_row = out_ptr + b * o_b

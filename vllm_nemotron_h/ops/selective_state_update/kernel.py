@@ -15,7 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_nemotron_h.ops.triton_helpers import plane_tile, quantize_rows, state_step
+from vllm_nemotron_h.ops.triton_helpers import (
+    load_state_tile,
+    plane_tile,
+    state_step,
+    store_state_tile,
+)
 
 
 @triton.jit
@@ -75,11 +80,8 @@ def _selective_state_update_kernel(
     # Issue every load before the arithmetic that needs it.
     row_offsets = h * s_head + p * s_dim
     state_ptrs = state_ptr + slot * s_slot + row_offsets[:, None] + cols[None, :]
-    s = tl.load(state_ptrs, mask=tile_ok, other=0)
-    row_scale = 1.0
-    if QUANTIZED:
-        scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p * sc_dim
-        row_scale = tl.load(scale_ptrs, mask=live, other=0.0)
+    scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p * sc_dim
+    s, row_scale = load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED)
     x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
     Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
@@ -90,12 +92,7 @@ def _selective_state_update_kernel(
     D = tl.load(D_ptr + h)
 
     s = state_step(s, row_scale, x, Bv, dt, A)
-    if QUANTIZED:
-        q, scale = quantize_rows(s)
-        tl.store(state_ptrs, q, mask=tile_ok)
-        tl.store(scale_ptrs, scale, mask=live)
-    else:
-        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=tile_ok)
+    store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED)
     y = tl.sum(s * Cv[None, :], axis=1) + D * x
     if HAS_Z:
         y = y * z * tl.sigmoid(z)
