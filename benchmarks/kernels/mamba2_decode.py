@@ -36,12 +36,14 @@ def inputs(shape: MambaShape, batch: int, state_dtype: torch.dtype) -> dict:
 
 
 def fused_nbytes(shape: MambaShape, batch: int, state_dtype: torch.dtype) -> int:
-    """What the fused tail must move: both states read and written, xbc, z, dt read, out
-    written, the conv weights (intermediates stay on chip)."""
+    """What the fused tail must move: both states (and an int8 state's fp32 scales) read and
+    written, xbc, z, dt read, out written, the conv weights (intermediates stay on chip)."""
     s, act = shape, harness.ACT.itemsize
     window = s.width - 1
+    scales = 2 * s.nheads * s.head_dim * 4 if state_dtype == torch.int8 else 0
     per_row = (
         2 * s.nheads * s.head_dim * s.d_state * state_dtype.itemsize
+        + scales
         + s.conv_dim * (2 * window + 1) * act
         + 2 * s.inner * act
         + s.nheads * act
