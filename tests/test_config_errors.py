@@ -1,4 +1,5 @@
-"""Configs the plugin cannot run fail at load, naming the field and the supported values."""
+"""Configs no Nemotron-H model can be, and bad plugin options, fail at load naming the field
+and the allowed values (what only the plugin cannot run: test_hand_back.py)."""
 
 from __future__ import annotations
 
@@ -21,26 +22,6 @@ def test_n_groups_not_dividing_heads_is_refused(tiny_checkpoint, tmp_path):
         )
     )
     assert "unsupported n_groups=3; supported: a divisor of mamba_num_heads=8" in err
-
-
-def test_conv_activation_other_than_silu_is_refused():
-    """The decode kernel applies silu after the conv; checked without an engine."""
-    from types import SimpleNamespace
-
-    from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, validate
-    from vllm_nemotron_h.testing.checkpoints import TINY_PRESETS, TINY_VOCAB_SIZE, make_config
-
-    hf = make_config(TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
-    hf.mamba_hidden_act = "gelu"
-    config = SimpleNamespace(
-        model_config=SimpleNamespace(hf_config=hf),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
-        cache_config=SimpleNamespace(mamba_cache_mode="none"),
-        num_speculative_tokens=0,
-        additional_config={},
-    )
-    with pytest.raises(UnsupportedConfigError, match="unsupported mamba_hidden_act='gelu'"):
-        validate(config)
 
 
 def test_unknown_ssm_state_format_is_refused_at_load(tiny_checkpoint):

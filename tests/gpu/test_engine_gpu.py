@@ -193,3 +193,35 @@ def test_bf16_logprobs_as_accurate_as_builtin(tmp_path):
             json.dump(figures, f)
     assert len(between) >= 32
     assert to_fp32["plugin"] <= 1.1 * to_fp32["builtin"]
+
+
+def test_ngram_speculation_runs_on_the_builtin_model(checkpoint):
+    """With the plugin installed, vLLM's ngram speculation (CUDA graphs) runs on vLLM's model
+    (the plugin decodes one token per step) and gives the plugin's greedy tokens without it."""
+    prompts = [[1] + [7, 8, 9, 10, 11] * 8, [1] + [30, 31, 32] * 12 + [40]]
+    spec = dict(
+        model=checkpoint,
+        prompts=prompts,
+        max_tokens=NEW,
+        engine=dict(ENGINE, dtype="float32", compilation_config={"cudagraph_capture_sizes": [4]}),
+    )
+    plain = run_engine(spec)
+    speculative = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)
+    drafted = run_engine(
+        dict(
+            spec,
+            metrics=True,
+            engine=dict(
+                spec["engine"],
+                disable_log_stats=False,
+                speculative_config=dict(speculative, prompt_lookup_min=2),
+            ),
+        )
+    )
+    assert plain["model_class"].startswith("vllm_nemotron_h.")
+    assert drafted["model_class"] == "vllm.model_executor.models.nemotron_h.NemotronHForCausalLM"
+    assert drafted["tokens"] == plain["tokens"]
+    drafts = drafted["metrics"].get("vllm:spec_decode_num_drafts", 0)
+    accepted = drafted["metrics"].get("vllm:spec_decode_num_accepted_tokens", 0)
+    print(f"ngram: {drafts} drafts, {accepted} tokens accepted")
+    assert drafts > 0, "no draft was proposed: speculation did not run"

@@ -17,7 +17,11 @@ from helpers import GPU, TOL, assert_int8_state_close, rel_err, tolerance
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, validate
+from vllm_nemotron_h.model_executor.validation import (
+    UnsupportedConfigError,
+    hand_back_reason,
+    validate,
+)
 from vllm_nemotron_h.ops import (
     DecodeWorkspace,
     causal_conv1d_update,
@@ -58,7 +62,8 @@ CONFIG_ROW = (
     "model configs",
     "{n} random configs (hypothesis): layer pattern, heads, n_groups, head_dim, d_state, conv "
     "width, conv activation, tensor-parallel size, Mamba cache mode, speculative tokens" + WHERE,
-    "{refused} refused at load naming a field that is out of range; {ok} accepted, and every "
+    "{refused} refused at load naming a field no Nemotron-H model can have; {handed} handed "
+    "back to vLLM's model naming the field the plugin does not run; {ok} accepted, and every "
     "kernel then took the accepted config's per-rank shapes",
 )
 
@@ -72,10 +77,11 @@ def report_outcomes(request, reliability_report):
         return
     for entry in sorted({e for e, _ in OUTCOMES}):
         ok, refused = OUTCOMES[entry, "ok"], OUTCOMES[entry, "refused"]
-        empty = OUTCOMES[entry, "empty"]
+        empty, handed = OUTCOMES[entry, "empty"], OUTCOMES[entry, "handed back"]
         rows = CONFIG_ROW if entry == "config" else KERNEL_ROW
+        n = ok + empty + refused + handed
         check, tried, result = (
-            text.format(entry=entry, n=ok + empty + refused, ok=ok, empty=empty, refused=refused)
+            text.format(entry=entry, n=n, ok=ok, empty=empty, refused=refused, handed=handed)
             for text in rows
         )
         reliability_report.add(check, tried, result)
@@ -466,8 +472,9 @@ SUPPORTED_CONFIGS = st.fixed_dictionaries(
     broken=st.sampled_from([None] * 8 + list(CONFIG_BROKEN)[1:]),
 )
 def test_model_config_property(seed, fields, broken):
-    """validate() refuses the config naming a field that is out of range, or accepts it and
-    the mixer's kernels then run at its per-rank shapes (no failure after load)."""
+    """validate() refuses a config no Nemotron-H model can be, naming the field; otherwise
+    hand_back_reason() names the first field the plugin does not run (vLLM's model serves
+    it), or the plugin accepts it and the mixer's kernels then run at its per-rank shapes."""
     torch.manual_seed(seed)  # hypothesis draws the values through this seed
     c = SimpleNamespace(**{**fields, **CONFIG_BROKEN[broken]})
     vllm_config = SimpleNamespace(
@@ -479,11 +486,18 @@ def test_model_config_property(seed, fields, broken):
     )
     heads, groups, tp = c.mamba_num_heads, c.n_groups, c.tensor_parallel_size
     mamba = "M" in c.hybrid_override_pattern
-    out_of_range = {
-        field
-        for field, fine in [
+
+    def failing(checks: list[tuple[str, bool]]) -> set[str]:
+        return {field for field, fine in checks if not fine}
+
+    impossible = failing(
+        [
             ("hybrid_override_pattern", set(c.hybrid_override_pattern) <= set("M*-E")),
             ("n_groups", not mamba or (groups > 0 and heads % groups == 0)),
+        ]
+    )
+    not_run = failing(
+        [
             ("n_groups", not mamba or groups <= 0 or groups == 1 or groups % tp == 0),
             ("mamba_head_dim", not mamba or 32 <= c.mamba_head_dim <= 128),
             ("ssm_state_size", not mamba or 16 <= c.ssm_state_size <= 256),
@@ -493,15 +507,21 @@ def test_model_config_property(seed, fields, broken):
             ("num_speculative_tokens", c.num_speculative_tokens == 0),
             ("mamba_hidden_act", not mamba or c.mamba_hidden_act in ("silu", "swish")),
         ]
-        if not fine
-    }
-    if out_of_range:
+    )
+    if impossible:
         with refused("config", "unsupported", UnsupportedConfigError) as err:
             validate(vllm_config)
         named = re.search(r"unsupported (\w+)=", str(err.value)).group(1)
-        assert named in out_of_range, f"{named} named, but out of range: {out_of_range}"
+        assert named in impossible, f"{named} named, but impossible: {impossible}"
         return
     validate(vllm_config)
+    reason = hand_back_reason(vllm_config)
+    if not_run:
+        named = reason.split("=")[0]
+        assert named in not_run, f"{named} named, but not run by the plugin: {not_run}"
+        OUTCOMES["config", "handed back"] += 1
+        return
+    assert reason is None, reason
     equal("config")
     if mamba:
         run_mixer_kernels_at_rank_shapes(

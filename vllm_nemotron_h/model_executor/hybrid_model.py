@@ -20,7 +20,11 @@ from vllm_nemotron_h.model_executor.ssm_state_cache import (
     state_dtypes,
     state_shapes,
 )
-from vllm_nemotron_h.model_executor.validation import ssm_state_format, validate
+from vllm_nemotron_h.model_executor.validation import (
+    hand_back_reason,
+    ssm_state_format,
+    validate,
+)
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     mamba_cache_mode,
@@ -42,8 +46,22 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
     # the "all" mode's per-block state writes inside the mixer are not implemented.
     supports_mamba_prefix_caching = False
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+    def __new__(cls, *, vllm_config: VllmConfig, prefix: str = ""):
+        """The plugin's model, or vLLM's built-in one where the plugin cannot run the config
+        (hand_back_reason; one log line says why). vLLM's class methods, which the engine
+        calls on this class before it builds the model, are the built-in's for such a config
+        (the state format is then vLLM's)."""
         validate(vllm_config)
+        reason = hand_back_reason(vllm_config)
+        if reason is None:
+            return super().__new__(cls)
+        log_what_runs(
+            f"vllm-nemotron-h {plugin_version()}: {reason}: vLLM's built-in "
+            "NemotronHForCausalLM serves this model"
+        )
+        return VllmNemotronHForCausalLM(vllm_config=vllm_config, prefix=prefix)
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         log_what_runs(describe(vllm_config))
         self.ssm_state_format = ssm_state_format(vllm_config)
         moe_layer = CpuNemotronHMoEDecoderLayer if on_cpu() else None
@@ -71,12 +89,15 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
         return {mamba_type: funcs for mamba_type in mamba_types}
 
 
+def plugin_version() -> str:
+    try:
+        return importlib.metadata.version("vllm-nemotron-h")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "(source tree)"
+
+
 def describe(vllm_config: VllmConfig) -> str:
     """What runs where, as the engine log says it."""
-    try:
-        version = importlib.metadata.version("vllm-nemotron-h")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        version = "(source tree)"
     if on_cpu():
         decode, prefill = "the plugin's CPU path (PyTorch)", "CPU path"
         moe = "MoE layers the plugin's CPU path"
@@ -87,7 +108,8 @@ def describe(vllm_config: VllmConfig) -> str:
         )
         prefill, moe = "kernels", "MoE layers vLLM's"
     return (
-        f"vllm-nemotron-h {version} serves NemotronHForCausalLM: Mamba2 decode on {decode}; "
+        f"vllm-nemotron-h {plugin_version()} serves NemotronHForCausalLM: Mamba2 decode on "
+        f"{decode}; "
         f"SSM state {state_description(vllm_config)}; prefill slot copies and group norm on the "
         f"plugin's {prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP and "
         f"linear layers vLLM's, {moe}; Mamba prefix caching mode "

@@ -1,4 +1,7 @@
-"""Checks at model load: unsupported configs fail with the field name and allowed values."""
+"""Checks at model load. A config no Nemotron-H model can be (or a bad plugin option) fails
+naming the field and the allowed values; a config or engine feature vLLM's built-in model
+runs but the plugin does not is handed back to the built-in (``hand_back_reason``), so that
+installing the plugin never refuses what vLLM accepts."""
 
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ class UnsupportedConfigError(ValueError):
 
 def _fail(field: str, value: Any, allowed: str) -> None:
     raise UnsupportedConfigError(
-        f"vllm-nemotron-h: unsupported {field}={value!r}; supported: {allowed}. "
-        "Set VLLM_NEMOTRON_H_DISABLE=1 to run vLLM's built-in Nemotron-H instead."
+        f"vllm-nemotron-h: unsupported {field}={value!r}; supported: {allowed} (no Nemotron-H "
+        "model has this; vLLM's built-in model cannot build it either)"
     )
 
 
@@ -69,9 +72,10 @@ def ssm_state_format(vllm_config: VllmConfig) -> str:
 
 
 def validate(vllm_config: VllmConfig) -> None:
+    """Raises UnsupportedConfigError for a bad plugin option or a layer pattern / head
+    grouping that no Nemotron-H model has (vLLM's model cannot build it either)."""
     plugin_options(vllm_config)
     config = vllm_config.model_config.hf_config
-    tp = vllm_config.parallel_config.tensor_parallel_size
     pattern = config.hybrid_override_pattern
     bad = sorted(set(pattern) - set(LAYER_TYPES))
     if bad:
@@ -84,6 +88,26 @@ def validate(vllm_config: VllmConfig) -> None:
         heads, groups = config.mamba_num_heads, config.n_groups
         if groups <= 0 or heads % groups:
             _fail("n_groups", groups, f"a divisor of mamba_num_heads={heads}")
+
+
+def hand_back_reason(vllm_config: VllmConfig) -> str | None:
+    """Why vLLM's built-in model, not the plugin's, must serve this config ("field=value, the
+    plugin runs ..."), or None. An int8 state exists only in the plugin: with it, a reason is
+    an UnsupportedConfigError instead."""
+    reason = _plugin_cannot_run(vllm_config)
+    if reason and ssm_state_format(vllm_config) == "int8":
+        raise UnsupportedConfigError(
+            f"vllm-nemotron-h: additional_config['nemotron_h']['ssm_state']='int8' needs the "
+            f"plugin's model, which does not run this config: {reason}"
+        )
+    return reason
+
+
+def _plugin_cannot_run(vllm_config: VllmConfig) -> str | None:
+    config = vllm_config.model_config.hf_config
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    if "M" in config.hybrid_override_pattern:
+        heads, groups = config.mamba_num_heads, config.n_groups
         for field, bounds in (
             ("mamba_head_dim", HEAD_DIM_RANGE),
             ("ssm_state_size", D_STATE_RANGE),
@@ -91,16 +115,23 @@ def validate(vllm_config: VllmConfig) -> None:
         ):
             value = getattr(config, field)
             if not bounds[0] <= value <= bounds[1]:
-                _fail(field, value, "{}..{}".format(*bounds))
+                return f"{field}={value}, the plugin's kernels take {bounds[0]}..{bounds[1]}"
         if config.mamba_hidden_act not in ("silu", "swish"):
-            _fail("mamba_hidden_act", config.mamba_hidden_act, "'silu' (the conv activation)")
+            return f"mamba_hidden_act={config.mamba_hidden_act!r}, the plugin runs 'silu'"
         if heads % tp:
-            _fail("mamba_num_heads", heads, f"a multiple of tensor_parallel_size={tp}")
+            return f"mamba_num_heads={heads}, the plugin splits heads evenly over TP={tp}"
         if groups % tp and groups != 1:
-            _fail("n_groups", groups, f"1 or a multiple of tensor_parallel_size={tp}")
+            return f"n_groups={groups}, the plugin runs 1 or a multiple of TP={tp}"
     if mamba_cache_mode(vllm_config) not in ("none", "align"):
-        _fail("mamba_cache_mode", mamba_cache_mode(vllm_config), "'none' or 'align'")
+        return (
+            f"mamba_cache_mode={mamba_cache_mode(vllm_config)!r}, the plugin runs 'none' "
+            "and 'align'"
+        )
     if speculative_tokens(vllm_config):
-        _fail("num_speculative_tokens", speculative_tokens(vllm_config), "0")
+        return (
+            f"num_speculative_tokens={speculative_tokens(vllm_config)}, the plugin decodes "
+            "one token per step"
+        )
     if replayssm_enabled(vllm_config):
-        _fail("use_replayssm", True, "False")
+        return "use_replayssm=True, the plugin writes the state every step"
+    return None

@@ -112,6 +112,17 @@ def _check_model_class() -> None:
         _require(hasattr(VllmNemotronHForCausalLM, name), f"NemotronHForCausalLM lost {name}")
 
 
+def _check_model_construction() -> None:
+    from vllm.model_executor.model_loader import utils
+
+    source = inspect.getsource(utils.initialize_model)
+    _require(
+        "model_class(vllm_config=vllm_config, prefix=prefix)" in source,
+        "initialize_model no longer builds the model as model_class(vllm_config=, prefix=)",
+    )
+    _params(utils.initialize_model, "vllm_config", "prefix")
+
+
 def _check_mixer_op() -> None:
     import torch
 
@@ -300,6 +311,19 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "never: the plugin registers this architecture; it builds on vLLM's model",
         _check_model_class,
+    ),
+    Touchpoint(
+        "hand-back",
+        "vllm.model_executor.model_loader.utils.initialize_model building the registered class "
+        "as model_class(vllm_config=..., prefix=...)",
+        "the plugin's class returns vLLM's own NemotronHForCausalLM from __new__ for configs and "
+        "engine features the plugin does not run (speculative decoding, ReplaySSM, shapes "
+        "outside its kernels): one registered architecture, and vLLM's model where the plugin "
+        "cannot serve, so installing the plugin refuses nothing vLLM accepts",
+        BOTH,
+        "the plugin running every such feature itself, or vLLM choosing among registered "
+        "implementations of an architecture per config",
+        _check_model_construction,
     ),
     Touchpoint(
         "mixer-op",
