@@ -24,7 +24,9 @@ def test_tp2_matches_tp1(tiny_checkpoint, preset):
     assert tp2["tokens"] == tp1["tokens"]
 
 
-def test_tp_size_not_dividing_groups_is_refused(tiny_checkpoint, tmp_path):
+def test_tp_size_not_dividing_groups_gets_vllms_own_error(tiny_checkpoint, tmp_path):
+    """The plugin hands the config to vLLM's model, which refuses it as it would without the
+    plugin."""
     bad = with_config(tiny_checkpoint("dense"), tmp_path / "g3", mamba_num_heads=6, n_groups=3)
     err = run_engine_expect_failure(
         dict(
@@ -35,4 +37,5 @@ def test_tp_size_not_dividing_groups_is_refused(tiny_checkpoint, tmp_path):
         ),
         **TP_ENV,
     )
-    assert "unsupported n_groups=3; supported: 1 or a multiple of tensor_parallel_size=2" in err
+    assert "n_groups=3, the plugin runs 1 or a multiple of TP=2: vLLM's built-in" in err
+    assert "If tensor parallel world size does not divide num_groups" in err
