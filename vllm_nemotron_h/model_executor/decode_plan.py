@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_nemotron_h.model_executor.ssm_state_cache import scan_state_dtype
 from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeLaunch, DecodeShape
@@ -168,8 +169,8 @@ class LayerPlan:
 
     @property
     def scan_state_dtype(self) -> torch.dtype:
-        """The dtype vLLM's chunked scan hands its states in: an int8 state's is fp32."""
-        return torch.float32 if self.ssm_scale is not None else self.ssm_state.dtype
+        """The dtype vLLM's chunked scan hands this layer's states in."""
+        return scan_state_dtype(self.ssm_state.dtype)
 
     def _gather(self, state, slots, has_initial) -> torch.Tensor:
         if self.on_triton:

@@ -21,7 +21,11 @@ from __future__ import annotations
 import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import LayerPlan, LayerWeights
-from vllm_nemotron_h.model_executor.ssm_state_cache import INT8, state_dtypes, state_shapes
+from vllm_nemotron_h.model_executor.ssm_state_cache import (
+    scan_state_dtype,
+    state_dtypes,
+    state_shapes,
+)
 from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, StateSlotsMetadata
 from vllm_nemotron_h.model_executor.validation import ssm_state_format
 from vllm_nemotron_h.vllm_boundary.config import current_vllm_config
@@ -78,9 +82,9 @@ class PluginMambaMixer2(MambaMixer2):
         md = step_metadata(self.prefix)
         if md is None:
             # Profile run: let vLLM autotune its prefill kernels while memory is free.
-            conv_dtype, ssm_dtype = super().get_state_dtype()
-            scan_dtype = torch.float32 if self.ssm_state_format == INT8 else ssm_dtype
-            warm_up_prefill_kernels(self, projected_states, (conv_dtype, scan_dtype))
+            conv_dtype, ssm_dtype = self.get_state_dtype()[:2]
+            scan_dtypes = (conv_dtype, scan_state_dtype(ssm_dtype))
+            warm_up_prefill_kernels(self, projected_states, scan_dtypes)
             return
         n_dec = md.num_decode_tokens
         n_all = n_dec + md.num_prefill_tokens

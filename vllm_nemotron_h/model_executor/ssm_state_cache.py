@@ -38,3 +38,9 @@ def state_copy_funcs(
     copied as the SSM state is (a whole slot)."""
     conv, ssm = vllm_funcs
     return (conv, ssm, ssm) if ssm_format == INT8 else (conv, ssm)
+
+
+def scan_state_dtype(ssm_dtype: torch.dtype) -> torch.dtype:
+    """The dtype vLLM's chunked scan carries a layer's SSM states in: fp32 for an int8 state
+    (gathered dequantized, scattered quantized), the state's own dtype otherwise."""
+    return torch.float32 if ssm_dtype == torch.int8 else ssm_dtype

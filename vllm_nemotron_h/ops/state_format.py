@@ -1,14 +1,13 @@
 """The int8 SSM state format, in PyTorch (the CPU paths and the references; the Triton
-kernels quantize with triton_helpers.quantize_rows).
+kernels quantize with triton_helpers.quantize_rows, the same formula in fp32).
 
 A state row is one (slot, head, head_dim row) over d_state. It is stored as symmetric int8
 values q in [-127, 127] and one fp32 scale: value = q * scale, scale = max |row| / 127,
-recomputed from the row at every write; q = clamp(round(value * (127 / max |row|))), rounded
-to nearest, ties to even (the kernels round the exact product, this the fp32 product: they
-may differ by one on a tie). A row whose max |value| is at most MIN_ROW_MAX (zeros, or
-values decayed to fp32's subnormal range, where 127 / max would overflow) stores scale 0
-and q 0. The scales of a state of shape (num_slots, nheads, head_dim, d_state) have shape
-(num_slots, nheads, head_dim).
+recomputed from the row at every write; q = clamp(floor(value / scale + 1/2)), i.e. rounded
+to nearest. A row whose max |value| is at most MIN_ROW_MAX (zeros, or values decayed to
+fp32's subnormal range, where 127 / max would overflow) stores scale 0 and q 0. The scales
+of a state of shape
+(num_slots, nheads, head_dim, d_state) have shape (num_slots, nheads, head_dim).
 """
 
 from __future__ import annotations
@@ -31,5 +30,5 @@ def quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     kept = amax > MIN_ROW_MAX
     scale = torch.where(kept, amax / INT8_MAX, torch.zeros_like(amax))
     inv = torch.where(kept, INT8_MAX / amax, torch.zeros_like(amax))
-    q = torch.round(values * inv[..., None]).clamp(-INT8_MAX, INT8_MAX)
+    q = torch.floor(values * inv[..., None] + 0.5).clamp(-INT8_MAX, INT8_MAX)
     return q.to(torch.int8), scale

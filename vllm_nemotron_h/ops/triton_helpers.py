@@ -80,24 +80,13 @@ def plane_tile(slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS,
     return slot, rows, h, p, cols, col_ok, live, tile_ok
 
 
-# int8 <-> fp32 through the bits of a float near 2^23 (whose ulp is 1) instead of the
-# conversion instructions, which issue at 1/8 of the FP32 rate on sm_90 and bound the int8
-# state update otherwise: 2^23 + (q + 128) has q + 128 as its low mantissa bits, and
-# 1.5 * 2^23 + v rounds v to the nearest integer (ties to even) into its low bits.
-INT8_TO_FP32_BITS = tl.constexpr(0x4B000080)  # bits of 2^23 + 128, q + 128 in the low byte
-INT8_TO_FP32_BIAS = tl.constexpr(8388736.0)  # 2^23 + 128
-FP32_TO_INT8_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23
-
-
 @triton.jit
 def load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED: tl.constexpr):
-    """A tile of the state and its rows' scales: an int8 state (QUANTIZED) as the fp32 values
-    of its q, a float state as stored with scale 1.0 (its ``scale_ptrs`` are not read)."""
+    """A tile of the state as stored and its rows' scales (an int8 state, QUANTIZED; 1.0 for
+    a float state, whose ``scale_ptrs`` are not read)."""
     s = tl.load(state_ptrs, mask=tile_ok, other=0)
     row_scale = 1.0
     if QUANTIZED:
-        biased = s.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x80  # q + 128
-        s = (biased + (INT8_TO_FP32_BITS - 0x80)).to(tl.float32, bitcast=True) - INT8_TO_FP32_BIAS
         row_scale = tl.load(scale_ptrs, mask=live, other=0.0)
     return s, row_scale
 
@@ -130,10 +119,10 @@ def quantize_rows(s):
     """The int8 state format (ops/state_format.py) of a tile of fp32 rows ``s`` (rows,
     d_state): (q int8, scale fp32 per row). Masked columns must hold 0. No clamp: with
     inv = 127 / max |row| (finite, the row's max above MIN_ROW_MAX), |s * inv| <= 127 up to
-    rounding, which rounds to at most 127. A NaN rounds to q 0 (its row's scale is NaN)."""
+    rounding, which floor(v + 1/2) keeps within +-127."""
     amax = tl.max(tl.abs(s), axis=1)
     kept = amax > 1e-30  # state_format.MIN_ROW_MAX
     scale = tl.where(kept, amax / 127.0, 0.0)
     inv = tl.where(kept, 127.0 / amax, 0.0)
-    rounded = tl.fma(s, inv[:, None], FP32_TO_INT8_MAGIC).to(tl.int32, bitcast=True)
-    return rounded.to(tl.int8), scale
+    q = tl.floor(s * inv[:, None] + 0.5)
+    return q.to(tl.int8), scale
