@@ -22,7 +22,12 @@ from vllm_nemotron_h.ops import launch_config
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
 from vllm_nemotron_h.testing.op_inputs import MambaShape
 
-TUNABLE = ("selective_state_update", "causal_conv1d_update", "mamba2_decode")
+TUNABLE = (
+    "selective_state_update",
+    "deferred_state_update",
+    "causal_conv1d_update",
+    "mamba2_decode",
+)
 FUSED_TUNE_MAX = 32  # the fused tail runs at small batches only (its device table's limit)
 
 
@@ -41,6 +46,7 @@ def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) 
 
 def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
     import causal_conv1d_update as conv
+    import deferred_state_update as dsu
     import harness
     import mamba2_decode as decode
     import selective_state_update as ssu
@@ -52,7 +58,9 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
         group_rows = shape.nheads // shape.ngroups * shape.head_dim
         tiles = [bm for bm in (4, 8, 16, 32, 64, 128, 256) if group_rows % bm == 0]
         for kernel, sdt, batch in itertools.product(
-            ("selective_state_update", "mamba2_decode"), state_dtypes, batches
+            ("selective_state_update", "deferred_state_update", "mamba2_decode"),
+            state_dtypes,
+            batches,
         ):
             if kernel not in kernels or (kernel == "mamba2_decode" and batch > FUSED_TUNE_MAX):
                 continue
@@ -60,7 +68,13 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
             # up to 128 rows whatever the state.
             max_rows = max(64 * 4 // sdt.itemsize, 128 if kernel == "mamba2_decode" else 0)
             cfgs = [(bm, w) for bm in tiles for w in warps if bm <= max_rows]
-            if kernel == "selective_state_update":
+            if kernel == "deferred_state_update":  # row blocks of one head
+                cfgs = [
+                    (bm, w) for bm in (16, 32, 64, 128) if shape.head_dim % bm == 0 for w in warps
+                ]
+                call = lambda cfg: dsu.ours(dsu.inputs(shape, batch, sdt), cfg)  # noqa: E731
+                nbytes = int(dsu.nbytes(shape, batch, sdt))
+            elif kernel == "selective_state_update":
                 call = lambda cfg: ssu.ours(ssu.inputs(shape, batch, sdt), cfg)  # noqa: E731
                 nbytes = ssu.nbytes(shape, batch, sdt, True)
             else:
@@ -97,7 +111,7 @@ def tuned_tables(rows: list) -> dict:
     points: dict = {}
     for r in rows:
         shape = MambaShape.of_model(r["model"])
-        if r["kernel"] in ("selective_state_update", "mamba2_decode"):
+        if r["kernel"] in ("selective_state_update", "deferred_state_update", "mamba2_decode"):
             state_bytes = getattr(torch, r["state_dtype"]).itemsize
             key = (r["kernel"], shape.head_dim, shape.d_state, state_bytes)
             point = r["batch"] * shape.nheads

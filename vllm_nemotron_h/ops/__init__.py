@@ -5,6 +5,11 @@ reference.py (a slow, literal oracle for the tests; production never calls it) a
 per-device launch tables (configs/), triton_helpers.py the device functions kernels share."""
 
 from vllm_nemotron_h.ops.causal_conv1d_update import causal_conv1d_update
+from vllm_nemotron_h.ops.deferred_state_update import (
+    DeferredState,
+    deferred_state_update,
+    flush_deferred_state,
+)
 from vllm_nemotron_h.ops.mamba2_decode import DecodeWorkspace, mamba2_decode
 from vllm_nemotron_h.ops.rms_norm import group_rms_norm, rms_norm
 from vllm_nemotron_h.ops.selective_state_update import selective_state_update
@@ -12,7 +17,10 @@ from vllm_nemotron_h.ops.state_slot_copy import gather_state_slots, scatter_stat
 
 __all__ = [
     "DecodeWorkspace",
+    "DeferredState",
     "causal_conv1d_update",
+    "deferred_state_update",
+    "flush_deferred_state",
     "gather_state_slots",
     "group_rms_norm",
     "mamba2_decode",

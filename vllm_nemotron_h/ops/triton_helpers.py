@@ -104,12 +104,18 @@ def store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED: tl.con
 
 
 @triton.jit
+def softplus(v):
+    """log(1 + exp(v)) in fp32, v itself above 20 (where exp would overflow first)."""
+    return tl.where(v <= 20.0, tl.log(1.0 + tl.exp(v)), v)
+
+
+@triton.jit
 def state_step(s, row_scale, x, Bv, dt, A):
     """One token of the recurrence for a tile of rows, in fp32: ``s`` (rows, d_state) the old
     state times ``row_scale`` (an int8 state's per-row scales, folded into the decay; 1.0 for
     a float state), ``x``, ``dt`` (dt + dt_bias, before softplus) and ``A`` per row, ``Bv``
     (d_state,). Returns the new state; callers store it before they reduce y = s . C + D x."""
-    dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)  # softplus
+    dt = softplus(dt)
     decay = tl.exp(A * dt) * row_scale
     return s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_nemotron_h.ops.deferred_state_update.layout import LEN_ROWS, DeferredState
 from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
 from vllm_nemotron_h.ops.state_format import quantize
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
@@ -148,6 +149,43 @@ def ssu_inputs(
         state_slots=draw.slots(batch, num_slots, null_row),
         **head_params(draw, s.nheads),
     )
+
+
+def deferred_inputs(
+    draw: Draw,
+    shape: MambaShape,
+    batch: int,
+    state_dtype: torch.dtype,
+    act: torch.dtype,
+    ring_size: int,
+    *,
+    gate: bool = True,
+    strided: bool = True,
+    spare_slots: int = 3,
+    null_row: int | None = 0,
+) -> dict:
+    """The deferred state update's keyword arguments: ``ssu_inputs``' with its state as a
+    ``DeferredState`` whose checkpoints are that state, rings full of tokens and each slot at
+    a random ring length (the same for all heads of a slot, as the engine keeps them)."""
+    t = ssu_inputs(
+        draw, shape, batch, state_dtype, act, gate=gate, strided=strided,
+        spare_slots=spare_slots, null_row=null_row,
+    )  # fmt: skip
+    s, L = shape, ring_size
+    num_slots = t["state"].shape[0]
+    lengths = torch.randint(L, (num_slots, 1), generator=draw.generator, device=draw.device)
+    t["state"] = DeferredState(
+        checkpoint=t["state"],
+        checkpoint_scale=t.pop("state_scale"),
+        ring_x=draw.normal(num_slots, s.nheads, L, s.head_dim, dtype=act),
+        ring_dt=draw.normal(num_slots, s.nheads, L).abs() * 0.5,
+        ring_B=draw.normal(num_slots, s.ngroups, L, s.d_state, dtype=act),
+        ring_len=lengths[..., None]
+        .expand(num_slots, s.nheads, s.head_dim // LEN_ROWS)
+        .to(torch.int32)
+        .contiguous(),
+    )
+    return t
 
 
 def conv_inputs(

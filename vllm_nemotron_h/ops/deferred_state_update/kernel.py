@@ -1,0 +1,297 @@
+"""The Triton kernel of the state update with deferred writes and its launch (no checks): see
+interface.py for the math and layout.py for the state.
+
+One program owns BLOCK_M rows of one head of one sequence (BLOCK_M a multiple of LEN_ROWS
+dividing head_dim): it reads and writes the ring lengths of its own rows (one per LEN_ROWS
+rows), so no program reads a length another one writes. On a step that does not write back,
+a row costs one read of its checkpoint row (and, for an int8 checkpoint, its scale): y is the
+checkpoint decayed over the ring, dotted with C, plus the ring's tokens weighted by their
+decays and B . C. The token joins the ring (x per row; dt per head and B per group, written
+by the head's and the group's first program, read by the others only from the next step
+on). On the step that fills the ring (or every step with FORCE_FLUSH, or with no token:
+APPEND off) the rows' state is rebuilt from the checkpoint and the ring token by token, as
+the per-step update would have, and written back in the checkpoint's format; the ring
+empties.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_nemotron_h.ops.deferred_state_update.layout import LEN_ROWS, DeferredState
+from vllm_nemotron_h.ops.triton_helpers import load_state_tile, softplus, store_state_tile
+
+
+@triton.jit
+def _write_back(
+    state_ptrs, scale_ptrs, s, row_scale, n, A, ring_dt_ptrs, ring_x_ptrs, rx_pos, ring_B_ptrs,
+    rB_pos, now_dt, now_x, now_B, col_ok, tile_ok, live, QUANTIZED: tl.constexpr,
+    APPEND: tl.constexpr,
+):  # fmt: skip
+    """The rows' state after the ring (and this token, APPEND) by the per-step recurrence,
+    token by token, stored in the checkpoint's format. ``s`` is the checkpoint tile as
+    stored, ``row_scale`` an int8 row's scale (1.0 for a float state)."""
+    if QUANTIZED:
+        s = s * row_scale[:, None]
+    for k in range(0, n):
+        dt_k = tl.load(ring_dt_ptrs + k)
+        x_k = tl.load(ring_x_ptrs + k * rx_pos, mask=live, other=0.0).to(tl.float32)
+        B_k = tl.load(ring_B_ptrs + k * rB_pos, mask=col_ok, other=0.0).to(tl.float32)
+        s = s * tl.exp(A * dt_k) + (dt_k * x_k)[:, None] * B_k[None, :]
+    if APPEND:
+        s = s * tl.exp(A * now_dt) + (now_dt * now_x)[:, None] * now_B[None, :]
+    store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED)
+
+
+@triton.jit
+def _deferred_state_update_kernel(
+    state_ptr,
+    scale_ptr,
+    ring_x_ptr,
+    ring_dt_ptr,
+    ring_B_ptr,
+    ring_len_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    dt_bias_ptr,
+    z_ptr,
+    out_ptr,
+    slots_ptr,
+    null_slot,
+    d_state,
+    group_rows,
+    s_slot,
+    s_head,
+    s_dim,
+    sc_slot,
+    sc_head,
+    rx_slot,
+    rx_head,
+    rx_pos,
+    rdt_slot,
+    rdt_head,
+    rB_slot,
+    rB_group,
+    rB_pos,
+    rl_slot,
+    rl_head,
+    x_b,
+    x_h,
+    dt_b,
+    dt_h,
+    B_b,
+    B_g,
+    C_b,
+    C_g,
+    z_b,
+    z_h,
+    o_b,
+    o_h,
+    HEAD_DIM: tl.constexpr,
+    RING: tl.constexpr,
+    LEN_ROWS: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+    APPEND: tl.constexpr,
+    FORCE_FLUSH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    first_row = tl.program_id(0) * BLOCK_M  # BLOCK_M divides head_dim: one head per program
+    b = tl.program_id(1).to(tl.int64)
+    h = (first_row // HEAD_DIM).to(tl.int64)
+    g = first_row // group_rows
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + b)
+    else:
+        slot = b
+    ks = tl.arange(0, RING)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < d_state
+    p0 = first_row % HEAD_DIM
+    p = p0 + tl.arange(0, BLOCK_M)
+    # Per-element copies of the slot test (a scalar mask breaks the Triton interpreter).
+    live = (p * 0 + slot) != null_slot
+    live_k = (ks * 0 + slot) != null_slot
+    tile_ok = live[:, None] & col_ok[None, :]
+    # The ring length of this program's rows (one per LEN_ROWS rows; they are all equal).
+    blocks = tl.arange(0, BLOCK_M // LEN_ROWS)
+    len_ptrs = ring_len_ptr + slot * rl_slot + h * rl_head + p0 // LEN_ROWS + blocks
+    len_ok = (blocks * 0 + slot) != null_slot
+    n = tl.max(tl.load(len_ptrs, mask=len_ok, other=0), axis=0)
+    n = tl.minimum(tl.maximum(n, 0), RING - 1)  # a corrupt length never reads outside
+    in_ring = live_k & (ks < n)
+    now_k = live_k & (ks == n)
+    if FORCE_FLUSH or not APPEND:
+        keep_k = ks < 0  # every row writes back; nothing joins the ring
+    else:
+        keep_k = now_k & ((ks * 0 + n) < RING - 1)
+
+    # Issue the state tile's load first: it is the step's bytes.
+    state_ptrs = state_ptr + slot * s_slot + h * s_head + p[:, None] * s_dim + cols[None, :]
+    scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p
+    s0, row_scale = load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED)
+    ring_dt_ptrs = ring_dt_ptr + slot * rdt_slot + h * rdt_head
+    ring_x_ptrs = ring_x_ptr + slot * rx_slot + h * rx_head + p
+    ring_B_ptrs = ring_B_ptr + slot * rB_slot + g * rB_group + cols
+    A = tl.load(A_ptr + h)
+    dts = tl.load(ring_dt_ptrs + ks, mask=in_ring, other=0.0)
+    now_dt = 0.0
+    now_x = tl.zeros([BLOCK_M], dtype=tl.float32)
+    now_B = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if APPEND:
+        x_in = tl.load(x_ptr + b * x_b + h * x_h + p, mask=live, other=0.0)
+        now_x = x_in.to(tl.float32)
+        now_B = tl.load(B_ptr + b * B_b + g * B_g + cols, mask=col_ok, other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptr + b * C_b + g * C_g + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if HAS_Z:
+            z = tl.load(z_ptr + b * z_b + h * z_h + p, mask=live, other=0.0).to(tl.float32)
+        now_dt = softplus(
+            tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+        )
+        D = tl.load(D_ptr + h)
+        Bk = tl.load(
+            ring_B_ptrs[None, :] + ks[:, None] * rB_pos,
+            mask=in_ring[:, None] & col_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        x_mask = in_ring[:, None] & live[None, :]
+        xk = tl.load(ring_x_ptrs[None, :] + ks[:, None] * rx_pos, mask=x_mask, other=0.0)
+        # y = exp(A sum dt) (checkpoint . C) + sum_k w_k (B_k . C) x_k + this token's terms,
+        # w_k = dt_k exp(A x the later tokens' dt).
+        all_dt = tl.sum(dts, axis=0) + now_dt
+        after = tl.cumsum(dts, axis=0, reverse=True) - dts + now_dt
+        coef = dts * tl.exp(A * after) * tl.sum(Bk * Cv[None, :], axis=1)
+        y = tl.exp(A * all_dt) * row_scale * tl.sum(s0.to(tl.float32) * Cv[None, :], axis=1)
+        y += tl.sum(coef[:, None] * xk.to(tl.float32), axis=0)
+        y += (now_dt * tl.sum(now_B * Cv, axis=0) + D) * now_x
+        if HAS_Z:
+            y = y * z * tl.sigmoid(z)
+        y = tl.where(live, y, 0.0)
+        tl.store(out_ptr + b * o_b + h * o_h + p, y.to(out_ptr.dtype.element_ty))
+        # This token joins the ring: x per row, dt per head, B per group (by the head's and
+        # the group's first program; the others read an entry only from the next step on).
+        kept = (p * 0 + tl.sum(keep_k.to(tl.int32), axis=0)) != 0
+        x_new = x_in.to(ring_x_ptr.dtype.element_ty)
+        tl.store(ring_x_ptrs + n * rx_pos, x_new, mask=live & kept)
+        head_first = (ks * 0 + p0) == 0
+        tl.store(ring_dt_ptrs + ks, now_dt + ks * 0.0, mask=keep_k & head_first)
+        group_first = (ks * 0 + first_row % group_rows) == 0
+        B_mask = (keep_k & group_first)[:, None] & col_ok[None, :]
+        B_ptrs = ring_B_ptrs[None, :] + ks[:, None] * rB_pos
+        tl.store(B_ptrs, (now_B[None, :] + Bk * 0.0).to(ring_B_ptr.dtype.element_ty), mask=B_mask)
+    if FORCE_FLUSH or not APPEND:
+        _write_back(
+            state_ptrs, scale_ptrs, s0.to(tl.float32), row_scale, n, A, ring_dt_ptrs,
+            ring_x_ptrs, rx_pos, ring_B_ptrs, rB_pos, now_dt, now_x, now_B, col_ok, tile_ok,
+            live, QUANTIZED, APPEND,
+        )  # fmt: skip
+    elif n == RING - 1:
+        _write_back(
+            state_ptrs, scale_ptrs, s0.to(tl.float32), row_scale, n, A, ring_dt_ptrs,
+            ring_x_ptrs, rx_pos, ring_B_ptrs, rB_pos, now_dt, now_x, now_B, col_ok, tile_ok,
+            live, QUANTIZED, APPEND,
+        )  # fmt: skip
+    new_len = tl.sum(tl.where(keep_k, n + 1, 0), axis=0)  # the lane at n: n + 1 if kept
+    tl.store(len_ptrs, blocks * 0 + new_len, mask=len_ok)
+
+
+def launch(
+    state: DeferredState,
+    x: torch.Tensor | None,
+    dt: torch.Tensor | None,
+    A: torch.Tensor,
+    B: torch.Tensor | None,
+    C: torch.Tensor | None,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    z: torch.Tensor | None,
+    state_slots: torch.Tensor | None,
+    null_slot: int,
+    out: torch.Tensor | None,
+    block_m: int,
+    num_warps: int,
+    force_flush: bool = False,
+) -> None:
+    """Launches the kernel over ``state_slots`` (one per row of x); no argument checks (the
+    interface and the decode plan check). Without a token (``x`` None) it only writes the
+    rows' rings back (``A`` is then the only parameter read)."""
+    cp = state.checkpoint
+    _, nheads, head_dim, d_state = cp.shape
+    append = x is not None
+    batch = x.shape[0] if append else state_slots.shape[0]
+    if batch == 0:
+        return
+    ngroups = state.ring_B.shape[1]
+    scale = state.checkpoint_scale if state.checkpoint_scale is not None else state.ring_dt
+    # Unused pointers (no token, no gate) point at a tensor of the right rank.
+    x3 = x if append else state.ring_x[:batch, :, 0]
+    z3 = z if z is not None else x3
+    B3 = B if append else state.ring_B[:batch, :, 0]
+    dt2 = dt if append else state.ring_dt[:batch, :, 0]
+    _deferred_state_update_kernel[(nheads * head_dim // block_m, batch)](
+        cp,
+        scale,
+        state.ring_x,
+        state.ring_dt,
+        state.ring_B,
+        state.ring_len,
+        x3,
+        dt2,
+        A,
+        B3,
+        C if append else B3,
+        D if append else A,
+        dt_bias if append else A,
+        z3,
+        out if append else x3,
+        state_slots if state_slots is not None else A,
+        null_slot,
+        d_state,
+        nheads // ngroups * head_dim,
+        cp.stride(0),
+        cp.stride(1),
+        cp.stride(2),
+        scale.stride(0),
+        scale.stride(1),
+        state.ring_x.stride(0),
+        state.ring_x.stride(1),
+        state.ring_x.stride(2),
+        state.ring_dt.stride(0),
+        state.ring_dt.stride(1),
+        state.ring_B.stride(0),
+        state.ring_B.stride(1),
+        state.ring_B.stride(2),
+        state.ring_len.stride(0),
+        state.ring_len.stride(1),
+        x3.stride(0),
+        x3.stride(1),
+        dt2.stride(0),
+        dt2.stride(1),
+        B3.stride(0),
+        B3.stride(1),
+        (C if append else B3).stride(0),
+        (C if append else B3).stride(1),
+        z3.stride(0),
+        z3.stride(1),
+        (out if append else x3).stride(0),
+        (out if append else x3).stride(1),
+        HEAD_DIM=head_dim,
+        RING=state.ring_size,
+        LEN_ROWS=LEN_ROWS,
+        QUANTIZED=state.checkpoint_scale is not None,
+        HAS_Z=z is not None,
+        HAS_SLOTS=state_slots is not None,
+        APPEND=append,
+        FORCE_FLUSH=force_flush,
+        BLOCK_M=block_m,
+        BLOCK_N=triton.next_power_of_2(d_state),
+        num_warps=num_warps,
+    )

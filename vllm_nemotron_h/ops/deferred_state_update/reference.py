@@ -1,0 +1,110 @@
+"""The state update with deferred writes written as its definition, one sequence and head at
+a time, in fp64 on the CPU (the test oracle; production never calls it): the checkpoint is
+advanced through the ring token by token with the per-step recurrence, then by the new token;
+the ring is written back when it is full."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState
+from vllm_nemotron_h.ops.state_format import dequantize, quantize
+
+
+def _state_now(state: DeferredState, slot: int, h: int, g: int, A: float) -> torch.Tensor:
+    """The (head_dim, d_state) state of ``slot``'s head ``h``: its checkpoint advanced through
+    the tokens in its ring, in fp64."""
+    cp = state.checkpoint[slot, h].cpu()
+    if state.checkpoint_scale is None:
+        s = cp.double()
+    else:
+        s = dequantize(cp, state.checkpoint_scale[slot, h].cpu().double())
+    n = ring_length(state, slot, h)
+    for k in range(n):
+        dt_k = float(state.ring_dt[slot, h, k])
+        x_k = state.ring_x[slot, h, k].cpu().double()
+        B_k = state.ring_B[slot, g, k].cpu().double()
+        decay = torch.exp(torch.tensor(A * dt_k, dtype=torch.float64))
+        s = s * decay + dt_k * torch.outer(x_k, B_k)
+    return s
+
+
+def ring_length(state: DeferredState, slot: int, h: int) -> int:
+    """The head's ring length (its rows' lengths are equal; the largest, clamped to the ring,
+    as the kernel reads them)."""
+    return min(max(int(state.ring_len[slot, h].max()), 0), state.ring_size - 1)
+
+
+def _write_back(state: DeferredState, slot: int, h: int, s: torch.Tensor) -> None:
+    if state.checkpoint_scale is None:
+        state.checkpoint[slot, h] = s.to(state.checkpoint.dtype)
+    else:
+        q, scale = quantize(s)
+        state.checkpoint[slot, h] = q
+        state.checkpoint_scale[slot, h] = scale.to(torch.float32)
+    state.ring_len[slot, h] = 0
+
+
+def deferred_state_update_reference(
+    state: DeferredState,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    z: torch.Tensor | None = None,
+    state_slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Same arguments and effects as ``deferred_state_update`` (see interface.py)."""
+    batch, nheads, head_dim = x.shape
+    heads_per_group = nheads // B.shape[1]
+    L = state.ring_size
+    y = torch.zeros(batch, nheads, head_dim, dtype=torch.float64)
+    for b in range(batch):
+        slot = int(state_slots[b]) if state_slots is not None else b
+        if slot == null_slot:
+            continue
+        for h in range(nheads):
+            g = h // heads_per_group
+            a = float(A[h])
+            s = _state_now(state, slot, h, g, a)
+            dt_h = torch.nn.functional.softplus(dt[b, h].double().cpu() + float(dt_bias[h]))
+            x_h, B_g = x[b, h].cpu().double(), B[b, g].cpu().double()
+            s = s * torch.exp(a * dt_h) + dt_h * torch.outer(x_h, B_g)
+            y[b, h] = s @ C[b, g].cpu().double() + float(D[h]) * x_h
+            if z is not None:
+                y[b, h] *= torch.nn.functional.silu(z[b, h].cpu().double())
+            n = ring_length(state, slot, h)
+            if n == L - 1:
+                _write_back(state, slot, h, s)
+                continue
+            state.ring_x[slot, h, n] = x[b, h]
+            state.ring_dt[slot, h, n] = dt_h.float()
+            if h % heads_per_group == 0:
+                state.ring_B[slot, g, n] = B[b, g]
+            state.ring_len[slot, h] = n + 1
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out.copy_(y)
+    return out
+
+
+def flush_deferred_state_reference(
+    state: DeferredState,
+    A: torch.Tensor,
+    ngroups: int,
+    state_slots: torch.Tensor,
+    null_slot: int = -1,
+) -> None:
+    """Same effects as ``flush_deferred_state`` (see interface.py)."""
+    nheads = state.checkpoint.shape[1]
+    for slot in state_slots.tolist():
+        if slot == null_slot:
+            continue
+        for h in range(nheads):
+            g = h // (nheads // ngroups)
+            _write_back(state, slot, h, _state_now(state, slot, h, g, float(A[h])))
