@@ -23,7 +23,6 @@ def deferred_state_update_cpu(
     state_slots: torch.Tensor,
     null_slot: int,
     out: torch.Tensor | None,
-    force_flush: bool = False,
 ) -> None:
     """Same effects as the interface's ``deferred_state_update`` (``out`` given), or, without
     a token (``x`` None), as ``flush_deferred_state``; no checks."""
@@ -65,7 +64,7 @@ def deferred_state_update_cpu(
             y = y * torch.nn.functional.silu(z[live].float())
         out.zero_()
         out[live] = y.to(out.dtype)
-    flush = (n == L - 1) if append and not force_flush else torch.ones_like(n, dtype=torch.bool)
+    flush = (n == L - 1) if append else torch.ones_like(n, dtype=torch.bool)
     rows, heads = flush.nonzero(as_tuple=True)
     if rows.numel():
         s = dec[rows, heads, None, None] * s0[rows, heads] + torch.einsum(

@@ -8,10 +8,9 @@ a row costs one read of its checkpoint row (and, for an int8 checkpoint, its sca
 checkpoint decayed over the ring, dotted with C, plus the ring's tokens weighted by their
 decays and B . C. The token joins the ring (x per row; dt per head and B per group, written
 by the head's and the group's first program, read by the others only from the next step
-on). On the step that fills the ring (or every step with FORCE_FLUSH, or with no token:
-APPEND off) the rows' state is rebuilt from the checkpoint and the ring token by token, as
-the per-step update would have, and written back in the checkpoint's format; the ring
-empties.
+on). On the step that fills the ring (or with no token: APPEND off) the rows' state is
+rebuilt from the checkpoint and the ring token by token, as the per-step update would have,
+and written back in the checkpoint's format; the ring empties.
 """
 
 from __future__ import annotations
@@ -100,7 +99,6 @@ def _deferred_state_update_kernel(
     HAS_Z: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
     APPEND: tl.constexpr,
-    FORCE_FLUSH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -129,7 +127,7 @@ def _deferred_state_update_kernel(
     n = tl.minimum(tl.maximum(n, 0), RING - 1)  # a corrupt length never reads outside
     in_ring = live_k & (ks < n)
     now_k = live_k & (ks == n)
-    if FORCE_FLUSH or not APPEND:
+    if not APPEND:
         keep_k = ks < 0  # every row writes back; nothing joins the ring
     else:
         keep_k = now_k & ((ks * 0 + n) < RING - 1)
@@ -187,7 +185,7 @@ def _deferred_state_update_kernel(
         B_mask = (keep_k & group_first)[:, None] & col_ok[None, :]
         B_ptrs = ring_B_ptrs[None, :] + ks[:, None] * rB_pos
         tl.store(B_ptrs, (now_B[None, :] + Bk * 0.0).to(ring_B_ptr.dtype.element_ty), mask=B_mask)
-    if FORCE_FLUSH or not APPEND:
+    if not APPEND:
         _write_back(
             state_ptrs, scale_ptrs, s0.to(tl.float32), row_scale, n, A, ring_dt_ptrs,
             ring_x_ptrs, rx_pos, ring_B_ptrs, rB_pos, now_dt, now_x, now_B, col_ok, tile_ok,
@@ -218,7 +216,6 @@ def launch(
     out: torch.Tensor | None,
     block_m: int,
     num_warps: int,
-    force_flush: bool = False,
 ) -> None:
     """Launches the kernel over ``state_slots`` (one per row of x); no argument checks (the
     interface and the decode plan check). Without a token (``x`` None) it only writes the
@@ -290,7 +287,6 @@ def launch(
         HAS_Z=z is not None,
         HAS_SLOTS=state_slots is not None,
         APPEND=append,
-        FORCE_FLUSH=force_flush,
         BLOCK_M=block_m,
         BLOCK_N=triton.next_power_of_2(d_state),
         num_warps=num_warps,
