@@ -184,7 +184,7 @@ def flush_deferred_state(
     check_state(state)
     cp = state.checkpoint
     check_tensor("A", A, (cp.shape[1],), (torch.float32,), cp.device)
-    check_slots(state_slots, state_slots.shape[0] if state_slots.dim() == 1 else -1, cp.device)
+    check_tensor("state_slots", state_slots, (None,), (torch.int64,), cp.device)
     if config is not None:
         check_config(config, cp.shape[2])
     if not use_triton(cp):
