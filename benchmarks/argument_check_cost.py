@@ -19,9 +19,11 @@ from pathlib import Path
 import torch
 
 from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.interface import check_group
 from vllm_nemotron_h.ops.state_slot_copy.interface import check_gather, check_scatter
-from vllm_nemotron_h.testing.op_inputs import Draw, MambaShape, decode_inputs
+from vllm_nemotron_h.testing.op_inputs import Draw, LayerCase, MambaShape, record_of
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -34,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     shape = MambaShape.of_model(args.model)
     act = torch.bfloat16
-    t = decode_inputs(Draw.seeded(0, "cpu"), shape, args.batch, act, act)
+    t = LayerCase(Draw.seeded(0, "cpu"), shape, args.batch, act, act).decode()
     state, slots = t["ssm_state"], t["state_slots"]
     prefill = args.batch // 2
     has_initial = torch.ones(prefill, dtype=torch.bool)
@@ -49,13 +51,13 @@ def main() -> None:
         check_scatter(state, slots[:prefill], final_states)
 
     def group_norm():
-        check_group(y, t["norm_weight"], shape.group_size, t["z"], y)
+        check_group(y, GroupNorm(t["norm_weight"], shape.group_size), t["z"], y)
+
+    layer = record_of(DecodeLayer, t)
+    step = record_of(DecodeStep, t, out=out)
 
     def decode_tail():
-        decode_op.check(
-            t["xbc"], t["dt"], t["z"], t["conv_state"], t["conv_weight"], t["conv_bias"],
-            state, t["A"], t["D"], t["dt_bias"], t["norm_weight"], slots, out,
-        )  # fmt: skip
+        decode_op.check(layer, step)
 
     rows = {}
     for name, f in (

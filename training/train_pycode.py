@@ -25,30 +25,13 @@ import time
 from pathlib import Path
 
 from training.pycode_data import VOCAB_SIZE
+from vllm_nemotron_h.testing.checkpoints import preset
 
 # All four layer kinds (Mamba2 M, attention *, MLP -, MoE E); Mamba head_dim 64, d_state 64,
 # 2 groups; the fields every project checkpoint shares come from checkpoints.make_config.
 # 14.2 M parameters (28.4 MB in bf16).
-PYCODE_PRESET: dict = dict(
-    hidden_size=384,
-    hybrid_override_pattern="M-M*MEM-",
-    mamba_num_heads=12,
-    mamba_head_dim=64,
-    ssm_state_size=64,
-    n_groups=2,
-    num_attention_heads=6,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=1024,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=256,
-    n_shared_experts=1,
-    moe_shared_expert_intermediate_size=512,
-    routed_scaling_factor=1.0,
-    n_group=1,
-    topk_group=1,
-    norm_topk_prob=True,
+PYCODE_PRESET: dict = preset(
+    ("M-M*MEM-", 384, 12, 64, 64, 2, 6, 2, 64, 1024), (8, 2, 256, 512, 1.0)
 )
 
 

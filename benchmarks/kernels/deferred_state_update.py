@@ -23,17 +23,16 @@ import selective_state_update as ssu
 import torch
 
 from vllm_nemotron_h.ops.deferred_state_update import deferred_state_update
-from vllm_nemotron_h.testing.op_inputs import MambaShape, deferred_inputs
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
+from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape, record_of
 
 RING_SIZE = 16
 
 
 def inputs(shape: MambaShape, batch: int, state_dtype: torch.dtype, ring: int = RING_SIZE):
     """The engine's layout, every row a live sequence, and an output buffer."""
-    t = deferred_inputs(
-        harness.draw(), shape, batch, state_dtype, harness.ACT, ring, spare_slots=1,
-        null_row=None,
-    )  # fmt: skip
+    case = LayerCase(harness.draw(), shape, batch, state_dtype, harness.ACT, 1, None)
+    t = case.deferred(ring)
     t["out"] = torch.empty_like(t["x"])
     return t
 
@@ -57,7 +56,8 @@ def nbytes(shape: MambaShape, batch: int, state_dtype: torch.dtype, ring: int = 
 
 
 def ours(t: dict, config: tuple[int, int] | None = None) -> Callable[[], object]:
-    return lambda: deferred_state_update(**t, null_slot=0, config=config)
+    step = record_of(StateUpdateStep, t, null_slot=0)
+    return lambda: deferred_state_update(t["state"], step, config)
 
 
 def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: list) -> None:
@@ -72,8 +72,10 @@ def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: 
             versus = torch.float32 if sdt == torch.int8 else sdt
             # ReplaySSM moves what the deferred update moves on its format; vLLM's per-step
             # kernel what the per-step update moves.
-            vs_nb = int(nbytes(shape, batch, versus)) if with_v32 else ssu.nbytes(
-                shape, batch, versus, True
+            vs_nb = (
+                int(nbytes(shape, batch, versus))
+                if with_v32
+                else ssu.nbytes(shape, batch, versus, True)
             )
             if with_v32:
                 replay = ssu.vllm032_columns(shape, batch, versus, "_vs")["replay_vs_us"]

@@ -20,16 +20,14 @@ import torch
 
 from vllm_nemotron_h.ops import DecodeWorkspace, group_rms_norm, mamba2_decode
 from vllm_nemotron_h.ops.support import STATE_DTYPES
-from vllm_nemotron_h.testing.op_inputs import MambaShape, decode_inputs
+from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
 
 
 def inputs(shape: MambaShape, batch: int, state_dtype: torch.dtype) -> dict:
     """The engine's layout (xbc, z and dt views of one projection row), vLLM's conv-state
     layout, an output buffer and the fused launch's workspace."""
-    t = decode_inputs(
-        harness.draw(), shape, batch, state_dtype, harness.ACT,
-        dim_first=conv.conv_state_dim_first(), spare_slots=1, null_row=None,
-    )  # fmt: skip
+    case = LayerCase(harness.draw(), shape, batch, state_dtype, harness.ACT, 1, None)
+    t = case.decode(dim_first=conv.conv_state_dim_first())
     t["out"] = torch.empty_like(t["z"], memory_format=torch.contiguous_format)
     t["workspace"] = DecodeWorkspace.allocate(batch, shape.nheads, shape.head_dim, "cuda")
     return t

@@ -22,15 +22,12 @@ import harness
 import torch
 
 from vllm_nemotron_h.ops import selective_state_update
-from vllm_nemotron_h.testing.op_inputs import MambaShape, ssu_inputs
+from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
 
 
 def inputs(shape: MambaShape, batch: int, state_dtype: torch.dtype, gate: bool = True) -> dict:
     """The engine's layout, every row a live sequence, and an output buffer."""
-    t = ssu_inputs(
-        harness.draw(), shape, batch, state_dtype, harness.ACT, gate=gate, spare_slots=1,
-        null_row=None,
-    )  # fmt: skip
+    t = LayerCase(harness.draw(), shape, batch, state_dtype, harness.ACT, 1, None).ssu(gate)
     t["out"] = torch.empty_like(t["x"])
     return t
 

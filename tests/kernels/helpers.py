@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.state_format import dequantize
-from vllm_nemotron_h.testing.op_inputs import Draw
+from vllm_nemotron_h.testing.op_inputs import Draw, record_of
 
 GPU = torch.cuda.is_available()
 DEVICES = [
@@ -62,3 +64,14 @@ def assert_int8_state_close(q, scale, ref_q, ref_scale) -> None:
     quantum = ref_scale.to(q.device).double()[..., None].expand_as(want)
     ok = torch.isfinite(want).all(-1, keepdim=True).expand_as(want)
     assert ((got - want).abs()[ok] <= 1.001 * quantum[ok] + 1e-30).all()
+
+
+def step_of(t: dict, **overrides: object) -> StateUpdateStep:
+    """The state update's step record of the inputs ``t``, with vLLM's null slot."""
+    return record_of(StateUpdateStep, t, null_slot=0, **overrides)
+
+
+def decode_records(t: dict, **overrides: object) -> tuple[DecodeLayer, DecodeStep]:
+    """The decode tail's records of the inputs ``t``, with vLLM's null slot."""
+    both = {"null_slot": 0, **overrides}
+    return record_of(DecodeLayer, t, **both), record_of(DecodeStep, t, **both)

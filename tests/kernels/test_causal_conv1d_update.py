@@ -3,6 +3,7 @@ import torch
 from helpers import DEVICES, TOL, draw, poisoned, rel_err
 
 from vllm_nemotron_h.ops import causal_conv1d_update
+from vllm_nemotron_h.ops.causal_conv1d_update.args import ConvUpdateStep
 from vllm_nemotron_h.ops.causal_conv1d_update.cpu import causal_conv1d_update_cpu
 from vllm_nemotron_h.ops.causal_conv1d_update.reference import causal_conv1d_update_reference
 from vllm_nemotron_h.testing.op_inputs import conv_inputs
@@ -23,7 +24,7 @@ def test_matches_reference(device, width, state_dim_first):
             t = make(device, batch, dim, width, dtype, state_dim_first, bias)
             s_ref = t["conv_state"].clone()
             ref = causal_conv1d_update_reference(
-                **{**t, "conv_state": s_ref}, activation=act, null_slot=0
+                ConvUpdateStep(**{**t, "conv_state": s_ref}, activation=act, null_slot=0)
             )
             out = poisoned(ref)
             before = t["conv_state"].clone()
@@ -41,7 +42,7 @@ def test_every_block_size(device, block_d):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     t = make(device, 3, dim, 4, dtype, False, True)
     s_ref = t["conv_state"].clone()
-    ref = causal_conv1d_update_reference(**{**t, "conv_state": s_ref}, null_slot=0)
+    ref = causal_conv1d_update_reference(ConvUpdateStep(**{**t, "conv_state": s_ref}, null_slot=0))
     out = poisoned(ref)
     causal_conv1d_update(**t, null_slot=0, out=out, config=(block_d, 4))
     assert rel_err(out, ref) < TOL[dtype]
@@ -64,8 +65,8 @@ def test_cpu_path_matches_reference(width, dtype):
     """The CPU serving path against the literal reference."""
     t = make("cpu", 5, 72, width, dtype, state_dim_first=False, bias=True)
     s_ref = t["conv_state"].clone()
-    ref = causal_conv1d_update_reference(**{**t, "conv_state": s_ref}, null_slot=0)
+    ref = causal_conv1d_update_reference(ConvUpdateStep(**{**t, "conv_state": s_ref}, null_slot=0))
     out = poisoned(ref)
-    causal_conv1d_update_cpu(**t, activation="silu", null_slot=0, out=out)
+    causal_conv1d_update_cpu(ConvUpdateStep(**t, activation="silu", null_slot=0, out=out))
     assert rel_err(out, ref) < TOL[dtype] and (out[-1] == 0).all()
     assert torch.equal(t["conv_state"], s_ref), "state shift must be exact"

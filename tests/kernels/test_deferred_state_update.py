@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import DEVICES, TOL, assert_int8_state_close, draw, poisoned, rel_err
+from helpers import DEVICES, TOL, assert_int8_state_close, draw, poisoned, rel_err, step_of
 
 from vllm_nemotron_h.ops.deferred_state_update import (
     DeferredState,
@@ -10,6 +10,7 @@ from vllm_nemotron_h.ops.deferred_state_update import (
     flush_deferred_state,
 )
 from vllm_nemotron_h.ops.deferred_state_update.cpu import deferred_state_update_cpu
+from vllm_nemotron_h.ops.deferred_state_update.layout import RingFlush
 from vllm_nemotron_h.ops.deferred_state_update.reference import (
     deferred_state_update_reference,
     flush_deferred_state_reference,
@@ -18,7 +19,7 @@ from vllm_nemotron_h.ops.selective_state_update.reference import (
     selective_state_update_reference,
 )
 from vllm_nemotron_h.ops.state_format import dequantize
-from vllm_nemotron_h.testing.op_inputs import MambaShape, deferred_inputs, ssu_inputs
+from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (2, 32, 64, 1)]
@@ -57,12 +58,12 @@ def assert_checkpoints_close(got: DeferredState, want: DeferredState, tol: float
 
 
 def step_inputs(device, shape, batch, sdt, act, ring, gate=True):
-    return deferred_inputs(draw(device), MambaShape(*shape), batch, sdt, act, ring, gate=gate)
+    return LayerCase(draw(device), MambaShape(*shape), batch, sdt, act).deferred(ring, gate)
 
 
 def next_token(device, shape, batch, act, like: dict) -> dict:
     """A fresh token (x, dt, B, C, z) for the same slots and parameters."""
-    t = ssu_inputs(draw(device), MambaShape(*shape), batch, torch.float32, act)
+    t = LayerCase(draw(device), MambaShape(*shape), batch, torch.float32, act).ssu()
     return {**like, **{k: t[k] for k in ("x", "dt", "B", "C", "z")}}
 
 
@@ -88,10 +89,10 @@ def test_every_ring_position_matches_reference(device, state_dtype):
         for _ in range(steps):
             t = next_token(device, shape, 3, act, t)
             want = copy_state(t["state"])
-            ref = deferred_state_update_reference(**{**t, "state": want}, null_slot=0)
+            ref = deferred_state_update_reference(want, step_of(t))
             before = copy_state(t["state"], device)
             out = poisoned(t["x"])
-            deferred_state_update(**t, null_slot=0, out=out)
+            deferred_state_update(t["state"], step_of(t, out=out))
             tol = tolerance(state_dtype, act, device)
             assert rel_err(out, ref) < tol
             assert (out[0] == 0).all(), "the null-slot row must be zero"
@@ -122,8 +123,8 @@ def test_fp32_equals_per_step_update_over_64_steps(device):
         plain = t["state"].checkpoint.clone()
         for _ in range(64):
             t = next_token(device, shape, 3, torch.float32, t)
-            y = deferred_state_update(**t, null_slot=0)
-            y_step = selective_state_update_reference(**{**t, "state": plain}, null_slot=0)
+            y = deferred_state_update(t["state"], step_of(t))
+            y_step = selective_state_update_reference(plain, step_of(t))
             assert rel_err(y, y_step) < 2e-5
         flush_deferred_state(t["state"], t["A"], t["state_slots"], null_slot=0)
         assert (t["state"].ring_len == 0).all()
@@ -137,7 +138,7 @@ def test_flush_matches_reference(device, state_dtype):
     for shape in shapes:
         t = step_inputs(device, shape, 4, state_dtype, act, 8)
         want = copy_state(t["state"])
-        flush_deferred_state_reference(want, t["A"].cpu(), shape[3], t["state_slots"].cpu(), 0)
+        flush_deferred_state_reference(want, RingFlush(t["A"].cpu(), t["state_slots"].cpu(), 0))
         flush_deferred_state(t["state"], t["A"], t["state_slots"], null_slot=0)
         assert_checkpoints_close(t["state"], want, tolerance(state_dtype, act, device))
         assert torch.equal(t["state"].ring_len.cpu(), want.ring_len)
@@ -151,9 +152,9 @@ def test_cpu_path_matches_reference(state_dtype):
         for _ in range(9):
             t = next_token("cpu", shape, 5, torch.float32, t)
             want = copy_state(t["state"])
-            ref = deferred_state_update_reference(**{**t, "state": want}, null_slot=0)
+            ref = deferred_state_update_reference(want, step_of(t))
             out = poisoned(t["x"])
-            deferred_state_update_cpu(**t, null_slot=0, out=out)
+            deferred_state_update_cpu(t["state"], step_of(t, out=out))
             assert rel_err(out, ref) < TOL[torch.float32] and (out[0] == 0).all()
             assert torch.equal(t["state"].ring_len, want.ring_len)
             assert_checkpoints_close(t["state"], want, TOL[state_dtype])
@@ -170,8 +171,8 @@ def test_nan_and_corrupt_lengths_stay_in_their_slot(device):
     t["state"].ring_len[slots[1]] = 1000
     t["state"].ring_len[slots[2]] = -5
     want = copy_state(t["state"])
-    ref = deferred_state_update_reference(**{**t, "state": want}, null_slot=0)
-    out = deferred_state_update(**t, null_slot=0)
+    ref = deferred_state_update_reference(want, step_of(t))
+    out = deferred_state_update(t["state"], step_of(t))
     ok = torch.ones(4, dtype=torch.bool)
     ok[3] = False
     assert rel_err(out[ok], ref[ok.cpu()].to(out.device)) < TOL[act]
@@ -196,4 +197,4 @@ def test_bad_arguments_raise(change, message):
     t = step_inputs("cpu", (4, 32, 16, 2), 5, torch.float32, torch.float32, 8)
     t["state"] = dataclasses.replace(t["state"], **change)
     with pytest.raises(ValueError, match=message):
-        deferred_state_update(**t, null_slot=0)
+        deferred_state_update(t["state"], step_of(t))

@@ -1,12 +1,20 @@
 import pytest
 import torch
-from helpers import DEVICES, assert_int8_state_close, draw, poisoned, rel_err, tolerance
+from helpers import (
+    DEVICES,
+    assert_int8_state_close,
+    decode_records,
+    draw,
+    poisoned,
+    rel_err,
+    tolerance,
+)
 
 from vllm_nemotron_h.ops import DecodeWorkspace, mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
 from vllm_nemotron_h.ops.state_format import dequantize
-from vllm_nemotron_h.testing.op_inputs import MambaShape, decode_inputs
+from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (4, 32, 32, 1), (8, 32, 16, 4)]
@@ -16,10 +24,8 @@ GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 2
 def make_inputs(device, batch, shape, state_dtype, act, width=4, bias=True, dim_first=True):
     """Inputs as the engine passes them: xbc, z and dt are strided views of one projection
     row, vLLM's null slot 0 pads row 0."""
-    return decode_inputs(
-        draw(device), MambaShape(*shape, width), batch, state_dtype, act, bias=bias,
-        dim_first=dim_first,
-    )  # fmt: skip
+    case = LayerCase(draw(device), MambaShape(*shape, width), batch, state_dtype, act)
+    return case.decode(bias, dim_first)
 
 
 def check(device, shape, batch, state_dtype, act, norm=True, config=None, fuse=True, **layout):
@@ -28,7 +34,7 @@ def check(device, shape, batch, state_dtype, act, norm=True, config=None, fuse=T
         t["norm_weight"] = None
     states = ("conv_state", "ssm_state") + (("ssm_scale",) if state_dtype == torch.int8 else ())
     refs = {k: t[k].clone() for k in states}
-    ref = mamba2_decode_reference(**{**t, **refs}, null_slot=0)
+    ref = mamba2_decode_reference(*decode_records({**t, **refs}))
     before = {k: t[k].clone() for k in states}
     ws = DecodeWorkspace.allocate(batch, shape[0], shape[1], device)
     tol = tolerance(act, state_dtype, device)
@@ -171,9 +177,9 @@ def test_cpu_path_matches_reference(state_dtype, norm):
         refs = {
             k: t[k].clone() for k in ("conv_state", "ssm_state", "ssm_scale") if t[k] is not None
         }
-        ref = mamba2_decode_reference(**{**t, **refs}, null_slot=0)
+        ref = mamba2_decode_reference(*decode_records({**t, **refs}))
         out = poisoned(ref)
-        mamba2_decode_cpu(**t, eps=1e-5, null_slot=0, out=out)
+        mamba2_decode_cpu(*decode_records(t, out=out))
         assert rel_err(out, ref) < tol
         if state_dtype == torch.int8:
             assert_int8_state_close(

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import GPU, TOL, assert_int8_state_close, rel_err, tolerance
+from helpers import GPU, TOL, assert_int8_state_close, decode_records, rel_err, tolerance
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,9 +32,12 @@ from vllm_nemotron_h.ops import (
     scatter_state_slots,
     selective_state_update,
 )
+from vllm_nemotron_h.ops.causal_conv1d_update.args import ConvUpdateStep
 from vllm_nemotron_h.ops.causal_conv1d_update.reference import causal_conv1d_update_reference
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference, rms_norm_reference
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.selective_state_update.reference import (
     selective_state_update_reference,
 )
@@ -168,7 +171,7 @@ def test_selective_state_update_property(
             selective_state_update(state, **args, null_slot=0, state_scale=scale)
         assert torch.equal(state, s_ref), "a refused call must not touch the state"
         return
-    ref = selective_state_update_reference(s_ref, **args, null_slot=0, state_scale=scale_ref)
+    ref = selective_state_update_reference(s_ref, StateUpdateStep(**args, null_slot=0), scale_ref)
     out = selective_state_update(state, **args, null_slot=0, state_scale=scale)
     equal("selective_state_update", compared=bool(batch))
     if scale is None:
@@ -220,7 +223,7 @@ def test_causal_conv1d_update_property(
             causal_conv1d_update(x, state, **args)
         assert torch.equal(state, s_ref)
         return
-    ref = causal_conv1d_update_reference(x, s_ref, **args)
+    ref = causal_conv1d_update_reference(ConvUpdateStep(x, s_ref, **args))
     out = causal_conv1d_update(x, state, **args)
     equal("causal_conv1d_update", compared=bool(batch))
     assert rel_err(state, s_ref) < TOL[dtype]
@@ -291,7 +294,7 @@ def test_mamba2_decode_property(
             assert torch.equal(states[k], before[k]), "a refused call must not touch the state"
         return
     refs = {k: v.clone() for k, v in states.items()}
-    ref = mamba2_decode_reference(**args, **refs)
+    ref = mamba2_decode_reference(*decode_records({**args, **refs}))
     out = mamba2_decode(**args, **states, workspace=workspace, fuse=fuse)
     equal("mamba2_decode", compared=bool(batch))
     tol = tolerance(act, state_dtype, DEV)
@@ -395,7 +398,7 @@ def test_group_rms_norm_property(seed, rows, groups, group_size, dtype, gate, ba
     out = group_rms_norm(x, w, gs, 1e-5, z)
     equal("group_rms_norm", compared=bool(rows))
     if rows:
-        assert rel_err(out, group_rms_norm_reference(x, w, gs, 1e-5, z)) < TOL[dtype]
+        assert rel_err(out, group_rms_norm_reference(x, GroupNorm(w, gs), z)) < TOL[dtype]
 
 
 @SETTINGS

@@ -3,6 +3,7 @@ import torch
 from helpers import DEVICES, TOL, rel_err
 
 from vllm_nemotron_h.ops import group_rms_norm, rms_norm
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu, rms_norm_cpu
 from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference, rms_norm_reference
 
@@ -41,7 +42,7 @@ def test_group_rms_norm_matches_reference(device, dtype, gate):
         x = rnd(device, 4, hidden, dtype=dtype)
         z = rnd(device, 4, hidden, dtype=dtype) if gate else None
         w = rnd(device, hidden, dtype=dtype)
-        ref = group_rms_norm_reference(x, w, group, 1e-5, z)
+        ref = group_rms_norm_reference(x, GroupNorm(w, group), z)
         assert rel_err(group_rms_norm(x, w, group, 1e-5, z), ref) < TOL[dtype]
         # in place, as the model calls it: the result lands in x, nothing else is returned
         assert group_rms_norm(x, w, group, 1e-5, z, out=x) is x
@@ -67,5 +68,5 @@ def test_cpu_paths_match_reference(dtype):
     for got, ref in zip(rms_norm_cpu(x, w, 1e-5, res), rms_norm_reference(x, w, 1e-5, res)):
         assert rel_err(got, ref) < TOL[dtype]
     assert rel_err(rms_norm_cpu(x, w, 1e-5), rms_norm_reference(x, w, 1e-5)) < TOL[dtype]
-    got = group_rms_norm_cpu(x, w, 24, 1e-5, z)
-    assert rel_err(got, group_rms_norm_reference(x, w, 24, 1e-5, z)) < TOL[dtype]
+    got = group_rms_norm_cpu(x, GroupNorm(w, 24), z)
+    assert rel_err(got, group_rms_norm_reference(x, GroupNorm(w, 24), z)) < TOL[dtype]

@@ -1,13 +1,13 @@
 import pytest
 import torch
-from helpers import DEVICES, TOL, assert_int8_state_close, draw, poisoned, rel_err
+from helpers import DEVICES, TOL, assert_int8_state_close, draw, poisoned, rel_err, step_of
 
 from vllm_nemotron_h.ops import selective_state_update
 from vllm_nemotron_h.ops.selective_state_update.cpu import selective_state_update_cpu
 from vllm_nemotron_h.ops.selective_state_update.reference import (
     selective_state_update_reference,
 )
-from vllm_nemotron_h.testing.op_inputs import MambaShape, ssu_inputs
+from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (2, 32, 256, 1), (4, 64, 64, 4)]
@@ -15,15 +15,14 @@ GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 2
 
 
 def make_inputs(device, batch, shape, state_dtype, act, gate, strided):
-    return ssu_inputs(
-        draw(device), MambaShape(*shape), batch, state_dtype, act, gate=gate, strided=strided
-    )
+    case = LayerCase(draw(device), MambaShape(*shape), batch, state_dtype, act)
+    return case.ssu(gate, strided)
 
 
 def check(device, shape, batch, state_dtype, act, gate, noncontig, config=None):
     t = make_inputs(device, batch, shape, state_dtype, act, gate, noncontig)
     s_ref = t["state"].clone()
-    ref = selective_state_update_reference(**{**t, "state": s_ref}, null_slot=0)
+    ref = selective_state_update_reference(s_ref, step_of(t), t["state_scale"])
     out = poisoned(ref)
     before = t["state"].clone()
     selective_state_update(**t, null_slot=0, out=out, config=config)
@@ -98,9 +97,9 @@ def test_cpu_path_matches_reference(state_dtype, gate):
     for shape in CPU_SHAPES:
         t = make_inputs("cpu", 5, shape, state_dtype, torch.float32, gate, strided=True)
         s_ref = t["state"].clone()
-        ref = selective_state_update_reference(**{**t, "state": s_ref}, null_slot=0)
+        ref = selective_state_update_reference(s_ref, step_of(t), t["state_scale"])
         out = poisoned(ref)
-        selective_state_update_cpu(**t, null_slot=0, out=out)
+        selective_state_update_cpu(t["state"], t["state_scale"], step_of(t, out=out))
         assert rel_err(out, ref) < TOL[state_dtype] and (out[0] == 0).all()
         assert rel_err(t["state"], s_ref) < TOL[state_dtype]
 
@@ -110,7 +109,9 @@ def check_int8(device, t, ref_inputs, config=None):
     states (within one quantum of the reference's row: rounding of a value on a boundary may
     go either way between fp32 and fp64), and that no other slot or scale moved."""
     before = {k: t[k].clone() for k in ("state", "state_scale")}
-    ref = selective_state_update_reference(**ref_inputs, null_slot=0)
+    ref = selective_state_update_reference(
+        ref_inputs["state"], step_of(ref_inputs), ref_inputs["state_scale"]
+    )
     out = poisoned(ref)
     selective_state_update(**t, null_slot=0, out=out, config=config)
     tol = TOL[t["x"].dtype]
@@ -183,9 +184,11 @@ def test_int8_bad_arguments_raise(change, message):
 def test_int8_cpu_path_matches_reference():
     for shape in CPU_SHAPES:
         t, ref_inputs = int8_inputs("cpu", 5, shape, torch.float32)
-        ref = selective_state_update_reference(**ref_inputs, null_slot=0)
+        ref = selective_state_update_reference(
+            ref_inputs["state"], step_of(ref_inputs), ref_inputs["state_scale"]
+        )
         out = poisoned(ref)
-        selective_state_update_cpu(**t, null_slot=0, out=out)
+        selective_state_update_cpu(t["state"], t["state_scale"], step_of(t, out=out))
         assert rel_err(out, ref) < TOL[torch.float32]
         # the same formula in fp32 and fp64: a value on a rounding boundary may go either way
         steps = (t["state"].int() - ref_inputs["state"].int()).abs()

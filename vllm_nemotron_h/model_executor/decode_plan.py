@@ -18,11 +18,13 @@ import torch
 
 from vllm_nemotron_h.model_executor.ssm_state_cache import scan_state_dtype
 from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeLaunch, DecodeShape
 from vllm_nemotron_h.ops.mamba2_decode.kernel import DecodeWorkspace
 from vllm_nemotron_h.ops.rms_norm import interface as norm_op
 from vllm_nemotron_h.ops.rms_norm import kernel as norm_kernel
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
 from vllm_nemotron_h.ops.state_format import dequantize, quantize
 from vllm_nemotron_h.ops.state_slot_copy import interface as copy_op
@@ -66,9 +68,7 @@ class LayerWeights:
     A: torch.Tensor
     D: torch.Tensor
     dt_bias: torch.Tensor
-    norm_weight: torch.Tensor
-    eps: float
-    group_size: int
+    norm: GroupNorm
     decode_norm: bool  # False when the norm's group spans tensor-parallel ranks
 
 
@@ -92,26 +92,20 @@ class LayerPlan:
         """Checks the layer's tensors and this step's activation views (any rows).
         ``ssm_scale``: the per-row scales of an int8 ``ssm_state`` (ops/state_format.py)."""
         w = weights
-        norm_weight = w.norm_weight if w.decode_norm else None
-        no_slots = torch.empty(0, dtype=torch.int64, device=xbc.device)
-        decode_op.check(
-            xbc, dt, gate, conv_state, w.conv_weight, w.conv_bias, ssm_state, w.A, w.D,
-            w.dt_bias, norm_weight, None, out, ssm_scale,
+        self.layer = DecodeLayer(
+            conv_state, w.conv_weight, w.conv_bias, ssm_state, w.A, w.D, w.dt_bias,
+            w.norm.weight if w.decode_norm else None, w.norm.eps, ssm_scale, null_slot,
         )  # fmt: skip
+        no_slots = torch.empty(0, dtype=torch.int64, device=xbc.device)
+        decode_op.check(self.layer, DecodeStep(xbc, dt, gate, None, out))
         if w.decode_norm:
-            norm_op.check_group(out, w.norm_weight, w.group_size, gate, out)
+            norm_op.check_group(out, w.norm, gate, out)
         copy_op.check_state(ssm_state, no_slots)
         if ssm_scale is not None:
             copy_op.check_state(ssm_scale, no_slots)
         self.kv_cache = kv_cache  # the binding this plan was made for
         self.conv_state, self.ssm_state, self.ssm_scale = conv_state, ssm_state, ssm_scale
         self.weights = weights
-        # The decode tail's arguments after the step's activations, in its order.
-        self.layer_args = (
-            conv_state, w.conv_weight, w.conv_bias, ssm_state, w.A, w.D, w.dt_bias, norm_weight,
-            w.eps,
-        )  # fmt: skip
-        self.null_slot = null_slot
         self.on_triton = use_triton(xbc)
         self.workspace = plan.workspace
         self.shape = DecodeShape.of(xbc, w.conv_weight, ssm_state)
@@ -127,19 +121,13 @@ class LayerPlan:
     ) -> None:
         """Advances the decode rows' conv and SSM states by one token; ``out`` gets the
         normalised (or, when the norm spans ranks, the gated) y."""
-        if self.on_triton:
-            batch = xbc.shape[0]
-            launch = (
-                self.launches[batch] if batch < len(self.launches) else self._beyond_table(batch)
-            )
-            decode_op.run(
-                launch, xbc, dt, gate, *self.layer_args, self.workspace, state_slots,
-                self.null_slot, out, self.ssm_scale,
-            )  # fmt: skip
-        else:
-            mamba2_decode_cpu(
-                xbc, dt, gate, *self.layer_args, state_slots, self.null_slot, out, self.ssm_scale
-            )
+        step = DecodeStep(xbc, dt, gate, state_slots, out)
+        if not self.on_triton:
+            mamba2_decode_cpu(self.layer, step)
+            return
+        batch = xbc.shape[0]
+        launch = self.launches[batch] if batch < len(self.launches) else self._beyond_table(batch)
+        decode_op.run(launch, self.layer, step, self.workspace)
 
     def _beyond_table(self, batch: int) -> DecodeLaunch:
         # More rows than max_num_seqs (a padded CUDA-graph batch): resolved and checked here.
@@ -185,8 +173,7 @@ class LayerPlan:
 
     def gated_group_norm(self, y: torch.Tensor, gate: torch.Tensor | None) -> None:
         """Group RMSNorm of ``y`` in place, gated by silu(``gate``) first when given."""
-        w = self.weights
         if self.on_triton:
-            norm_kernel.launch_group(y, w.norm_weight, w.group_size, w.eps, gate, y)
+            norm_kernel.launch_group(y, self.weights.norm, gate, y)
         else:
-            group_rms_norm_cpu(y, w.norm_weight, w.group_size, w.eps, gate, y)
+            group_rms_norm_cpu(y, self.weights.norm, gate, y)

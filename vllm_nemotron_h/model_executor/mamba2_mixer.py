@@ -28,6 +28,7 @@ from vllm_nemotron_h.model_executor.ssm_state_cache import (
 )
 from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, StateSlotsMetadata
 from vllm_nemotron_h.model_executor.validation import ssm_state_format
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.vllm_boundary.config import current_vllm_config
 from vllm_nemotron_h.vllm_boundary.layers import (
     MambaMixer2,
@@ -112,17 +113,11 @@ class PluginMambaMixer2(MambaMixer2):
         """The layer's plan for its bound state cache, made at its first step."""
         if self.plan is None or self.plan.kv_cache is not self.kv_cache:
             conv_state, ssm_state, ssm_scale = mixer_states(self)
+            norm = GroupNorm(self.norm.weight, self.group_size, self.norm.variance_epsilon)
             weights = LayerWeights(
-                self.conv_weights,
-                self.conv1d.bias,
-                self.A,
-                self.D,
-                self.dt_bias,
-                self.norm.weight,
-                self.norm.variance_epsilon,
-                self.group_size,
+                self.conv_weights, self.conv1d.bias, self.A, self.D, self.dt_bias, norm,
                 decode_norm=not self.norm_spans_ranks,
-            )
+            )  # fmt: skip
             self.plan = LayerPlan(
                 md.decode_plan, weights, self.kv_cache, conv_state, ssm_state, ssm_scale,
                 xbc, dt, gate, out, NULL_BLOCK_ID,

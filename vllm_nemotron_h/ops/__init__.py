@@ -1,8 +1,10 @@
 """The ops the plugin owns, one folder each: kernel.py (the Triton kernel and its unchecked
 launch), interface.py (argument checks, launch config, dispatch: the public function),
-reference.py (a slow, literal oracle for the tests; production never calls it) and cpu.py
-(the CPU serving path). support.py holds the supported ranges, launch_config.py the
-per-device launch tables (configs/), triton_helpers.py the device functions kernels share."""
+reference.py (a slow, literal oracle for the tests; production never calls it), cpu.py
+(the CPU serving path) and args.py (the op's arguments as one record: the public function
+builds it, the other three take it). support.py holds the supported ranges,
+launch_config.py the per-device launch tables (configs/), triton_helpers.py the device
+functions kernels share."""
 
 from vllm_nemotron_h.ops.causal_conv1d_update import causal_conv1d_update
 from vllm_nemotron_h.ops.deferred_state_update import (

@@ -95,6 +95,7 @@ def largest_tile(block_m: int, group_rows: int) -> int:
     return block_m
 
 
+@cached
 def plane_tile_config(
     name: str,
     device: torch.device,

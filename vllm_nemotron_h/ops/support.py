@@ -20,6 +20,7 @@ STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # States stored as int8 rows with an fp32 scale per row (ops/state_format.py); the ops that
 # take them say so.
 QUANTIZED_STATE_DTYPES = (torch.int8,)
+ANY_STATE_DTYPES = STATE_DTYPES + QUANTIZED_STATE_DTYPES
 # Tokens a deferred state's ring holds before it is written back (ops/deferred_state_update).
 RING_SIZES = (2, 4, 8, 16, 32, 64)
 

@@ -13,115 +13,85 @@ import json
 from pathlib import Path
 from typing import Any
 
+# A preset's shape: one row of values in the order of SHAPE_FIELDS, and for a model with MoE
+# layers one row in the order of MOE_FIELDS (preset() adds the fields all of them share).
+SHAPE_FIELDS = (
+    "hybrid_override_pattern", "hidden_size", "mamba_num_heads", "mamba_head_dim",
+    "ssm_state_size", "n_groups", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size",
+)  # fmt: skip
+MOE_FIELDS = (
+    "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "moe_shared_expert_intermediate_size", "routed_scaling_factor",
+)  # fmt: skip
+
+
+def preset(shape: tuple, moe: tuple = ()) -> dict[str, Any]:
+    """The config fields of a row of SHAPE_FIELDS values and, when given, a row of
+    MOE_FIELDS values (with one shared expert, one routing group, normalised top-k)."""
+    fields = dict(zip(SHAPE_FIELDS, shape, strict=True))
+    if moe:
+        fields.update(zip(MOE_FIELDS, moe, strict=True))
+        fields.update(n_shared_experts=1, n_group=1, topk_group=1, norm_topk_prob=True)
+    return fields
+
+
 # Small configs covering the family: Mamba2 (M), attention (*), MLP (-) and MoE (E) layers,
 # with different d_state, head_dim (80: not a power of two) and n_groups.
 TINY_PRESETS: dict[str, dict[str, Any]] = {
-    "dense": dict(
-        hidden_size=256,
-        hybrid_override_pattern="M*M-M-",
-        mamba_num_heads=8,
-        mamba_head_dim=32,
-        ssm_state_size=64,
-        n_groups=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=512,
-    ),
-    "dense-h80": dict(
-        hidden_size=320,
-        hybrid_override_pattern="MM*-M-",
-        mamba_num_heads=8,
-        mamba_head_dim=80,
-        ssm_state_size=16,
-        n_groups=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=80,
-        intermediate_size=640,
-    ),
-    "dense-g1": dict(
-        hidden_size=256,
-        hybrid_override_pattern="M-*M-",
-        mamba_num_heads=8,
-        mamba_head_dim=32,
-        ssm_state_size=32,
-        n_groups=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=512,
-    ),
-    "moe": dict(
-        hidden_size=256,
-        hybrid_override_pattern="MEM*EM",
-        mamba_num_heads=8,
-        mamba_head_dim=64,
-        ssm_state_size=128,
-        n_groups=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=512,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=128,
-        n_shared_experts=1,
-        moe_shared_expert_intermediate_size=256,
-        routed_scaling_factor=2.5,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-    ),
+    # pattern, hidden, Mamba heads, head_dim, d_state, groups, attention heads, KV heads,
+    # attention head_dim, MLP size; MoE: experts, per token, size, shared size, scaling
+    "dense": preset(("M*M-M-", 256, 8, 32, 64, 2, 4, 2, 64, 512)),
+    "dense-h80": preset(("MM*-M-", 320, 8, 80, 16, 4, 4, 2, 80, 640)),
+    "dense-g1": preset(("M-*M-", 256, 8, 32, 32, 1, 4, 2, 64, 512)),
+    "moe": preset(("MEM*EM", 256, 8, 64, 128, 8, 4, 2, 64, 512), (8, 2, 128, 256, 2.5)),
 }
 
 # Public configs (as collected in shared/environment.md) for real-shape runs.
 REAL_SHAPES: dict[str, dict[str, Any]] = {
-    "nemotron-h-8b": dict(
-        hidden_size=4096,
-        mamba_num_heads=128,
-        mamba_head_dim=64,
-        ssm_state_size=128,
-        n_groups=8,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=21504,
-        hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
-    ),
-    "nano-9b-v2": dict(
-        hidden_size=4480,
-        mamba_num_heads=128,
-        mamba_head_dim=80,
-        ssm_state_size=128,
-        n_groups=8,
-        num_attention_heads=40,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=15680,
-        hybrid_override_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
-    ),
-    "nano-v3-30b": dict(
-        hidden_size=2688,
-        mamba_num_heads=64,
-        mamba_head_dim=64,
-        ssm_state_size=128,
-        n_groups=8,
-        num_attention_heads=32,
-        num_key_value_heads=2,
-        head_dim=128,
-        intermediate_size=1856,
-        n_routed_experts=128,
-        num_experts_per_tok=6,
-        moe_intermediate_size=1856,
-        n_shared_experts=1,
-        moe_shared_expert_intermediate_size=3712,
-        routed_scaling_factor=2.5,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-        hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-    ),
+    "nemotron-h-8b": preset(
+        (
+            "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+            4096,
+            128,
+            64,
+            128,
+            8,
+            32,
+            8,
+            128,
+            21504,
+        )
+    ),  # fmt: skip
+    "nano-9b-v2": preset(
+        (
+            "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+            4480,
+            128,
+            80,
+            128,
+            8,
+            40,
+            8,
+            128,
+            15680,
+        )
+    ),  # fmt: skip
+    "nano-v3-30b": preset(
+        (
+            "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+            2688,
+            64,
+            64,
+            128,
+            8,
+            32,
+            2,
+            128,
+            1856,
+        ),
+        (128, 6, 1856, 3712, 2.5),
+    ),  # fmt: skip
 }
 
 _COMMON: dict[str, Any] = dict(

@@ -8,6 +8,7 @@ Every tensor is drawn from the one ``torch.Generator`` given, so a seed replays 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,13 @@ class MambaShape:
     def group_size(self) -> int:
         """Channels per group of the gated group norm."""
         return self.inner // self.ngroups
+
+
+def record_of(cls: type, arguments: dict, **overrides: object):
+    """The record ``cls`` (an op's argument dataclass) of the keyword ``arguments``, keys it
+    has no field for left out, with ``overrides`` on top."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in {**arguments, **overrides}.items() if k in names})
 
 
 class Draw:
@@ -112,82 +120,6 @@ def conv_state_cache(
     return draw.normal(num_slots, width - 1, conv_dim, dtype=dtype).transpose(-1, -2)
 
 
-def ssu_inputs(
-    draw: Draw,
-    shape: MambaShape,
-    batch: int,
-    state_dtype: torch.dtype,
-    act: torch.dtype,
-    *,
-    gate: bool = True,
-    strided: bool = True,
-    spare_slots: int = 3,
-    null_row: int | None = 0,
-) -> dict:
-    """The state update's keyword arguments (``state_slots`` and ``state_scale`` included,
-    ``null_slot`` not): x, B, C, z and dt as views of a projection row (``strided``) or each
-    contiguous; an int8 ``state_dtype`` gives an int8 state with its scales."""
-    s = shape
-    if strided:
-        row = projection(draw, s, batch, act)
-        x, B, C = split_xbc(row["xbc"], s.nheads, s.head_dim, s.d_state)
-        z, dt = row["z"].view(batch, s.nheads, s.head_dim), row["dt"]
-    else:
-        x = draw.normal(batch, s.nheads, s.head_dim, dtype=act)
-        z = draw.normal(batch, s.nheads, s.head_dim, dtype=act)
-        B = draw.normal(batch, s.ngroups, s.d_state, dtype=act)
-        C = draw.normal(batch, s.ngroups, s.d_state, dtype=act)
-        dt = draw.normal(batch, s.nheads, dtype=act)
-    num_slots = batch + spare_slots
-    return dict(
-        **ssm_state_cache(draw, num_slots, s, state_dtype),
-        x=x,
-        dt=dt,
-        B=B,
-        C=C,
-        z=z if gate else None,
-        state_slots=draw.slots(batch, num_slots, null_row),
-        **head_params(draw, s.nheads),
-    )
-
-
-def deferred_inputs(
-    draw: Draw,
-    shape: MambaShape,
-    batch: int,
-    state_dtype: torch.dtype,
-    act: torch.dtype,
-    ring_size: int,
-    *,
-    gate: bool = True,
-    strided: bool = True,
-    spare_slots: int = 3,
-    null_row: int | None = 0,
-) -> dict:
-    """The deferred state update's keyword arguments: ``ssu_inputs``' with its state as a
-    ``DeferredState`` whose checkpoints are that state, rings full of tokens and each slot at
-    a random ring length (the same for all heads of a slot, as the engine keeps them)."""
-    t = ssu_inputs(
-        draw, shape, batch, state_dtype, act, gate=gate, strided=strided,
-        spare_slots=spare_slots, null_row=null_row,
-    )  # fmt: skip
-    s, L = shape, ring_size
-    num_slots = t["state"].shape[0]
-    lengths = torch.randint(L, (num_slots, 1), generator=draw.generator, device=draw.device)
-    t["state"] = DeferredState(
-        checkpoint=t["state"],
-        checkpoint_scale=t.pop("state_scale"),
-        ring_x=draw.normal(num_slots, s.nheads, L, s.head_dim, dtype=act),
-        ring_dt=draw.normal(num_slots, s.nheads, L).abs() * 0.5,
-        ring_B=draw.normal(num_slots, s.ngroups, L, s.d_state, dtype=act),
-        ring_len=lengths[..., None]
-        .expand(num_slots, s.nheads, s.head_dim // LEN_ROWS)
-        .to(torch.int32)
-        .contiguous(),
-    )
-    return t
-
-
 def conv_inputs(
     draw: Draw,
     conv_dim: int,
@@ -221,35 +153,94 @@ def group_norm_inputs(draw: Draw, shape: MambaShape, batch: int, act: torch.dtyp
     )
 
 
-def decode_inputs(
-    draw: Draw,
-    shape: MambaShape,
-    batch: int,
-    state_dtype: torch.dtype,
-    act: torch.dtype,
-    *,
-    bias: bool = True,
-    dim_first: bool = True,
-    spare_slots: int = 3,
-    null_row: int | None = 0,
-) -> dict:
-    """The decode tail's keyword arguments (``state_slots`` and ``ssm_scale`` included, no
-    workspace); an int8 ``state_dtype`` gives an int8 state with its scales."""
-    s = shape
-    num_slots = batch + spare_slots
-    conv_state = conv_state_cache(draw, num_slots, s.conv_dim, s.width, act, dim_first)
-    ssm = ssm_state_cache(draw, num_slots, s, state_dtype)
-    return dict(
-        **projection(draw, s, batch, act),
-        conv_state=conv_state,
-        conv_weight=draw.normal(s.conv_dim, s.width, dtype=act) * 0.5,
-        conv_bias=draw.normal(s.conv_dim, dtype=act) if bias else None,
-        ssm_state=ssm["state"],
-        ssm_scale=ssm["state_scale"],
-        norm_weight=draw.normal(s.inner, dtype=act),
-        state_slots=draw.slots(batch, num_slots, null_row),
-        **head_params(draw, s.nheads),
-    )
+@dataclass(frozen=True)
+class LayerCase:
+    """A Mamba layer's inputs for ``batch`` sequences, drawn from ``draw``: the state update's
+    (``ssu``), the deferred update's (``deferred``) or the decode tail's (``decode``). The rows'
+    slots are distinct, with ``spare_slots`` more slots in the cache and vLLM's null slot on
+    row ``null_row`` (None: every row live); an int8 ``state_dtype`` gives an int8 state with
+    its scales."""
+
+    draw: Draw
+    shape: MambaShape
+    batch: int
+    state_dtype: torch.dtype
+    act: torch.dtype
+    spare_slots: int = 3
+    null_row: int | None = 0
+
+    @property
+    def num_slots(self) -> int:
+        return self.batch + self.spare_slots
+
+    def slots(self) -> torch.Tensor:
+        return self.draw.slots(self.batch, self.num_slots, self.null_row)
+
+    def ssu(self, gate: bool = True, strided: bool = True) -> dict:
+        """The state update's keyword arguments (``state_slots`` and ``state_scale``
+        included, ``null_slot`` not): x, B, C, z and dt as views of a projection row
+        (``strided``) or each contiguous."""
+        draw, s, batch, act = self.draw, self.shape, self.batch, self.act
+        if strided:
+            row = projection(draw, s, batch, act)
+            x, B, C = split_xbc(row["xbc"], s.nheads, s.head_dim, s.d_state)
+            z, dt = row["z"].view(batch, s.nheads, s.head_dim), row["dt"]
+        else:
+            x = draw.normal(batch, s.nheads, s.head_dim, dtype=act)
+            z = draw.normal(batch, s.nheads, s.head_dim, dtype=act)
+            B = draw.normal(batch, s.ngroups, s.d_state, dtype=act)
+            C = draw.normal(batch, s.ngroups, s.d_state, dtype=act)
+            dt = draw.normal(batch, s.nheads, dtype=act)
+        return dict(
+            **ssm_state_cache(draw, self.num_slots, s, self.state_dtype),
+            x=x,
+            dt=dt,
+            B=B,
+            C=C,
+            z=z if gate else None,
+            state_slots=self.slots(),
+            **head_params(draw, s.nheads),
+        )
+
+    def deferred(self, ring_size: int, gate: bool = True, strided: bool = True) -> dict:
+        """The deferred state update's inputs: ``ssu``'s with its state as a
+        ``DeferredState`` whose checkpoints are that state, rings full of tokens and each
+        slot at a random ring length (the same for all heads of a slot, as the engine keeps
+        them)."""
+        t = self.ssu(gate, strided)
+        draw, s, L = self.draw, self.shape, ring_size
+        num_slots = self.num_slots
+        lengths = torch.randint(L, (num_slots, 1), generator=draw.generator, device=draw.device)
+        t["state"] = DeferredState(
+            checkpoint=t["state"],
+            checkpoint_scale=t.pop("state_scale"),
+            ring_x=draw.normal(num_slots, s.nheads, L, s.head_dim, dtype=self.act),
+            ring_dt=draw.normal(num_slots, s.nheads, L).abs() * 0.5,
+            ring_B=draw.normal(num_slots, s.ngroups, L, s.d_state, dtype=self.act),
+            ring_len=lengths[..., None]
+            .expand(num_slots, s.nheads, s.head_dim // LEN_ROWS)
+            .to(torch.int32)
+            .contiguous(),
+        )
+        return t
+
+    def decode(self, bias: bool = True, dim_first: bool = True) -> dict:
+        """The decode tail's keyword arguments (``state_slots`` and ``ssm_scale`` included,
+        no workspace); ``dim_first``: the conv state's layout (``conv_state_cache``)."""
+        draw, s, batch, act = self.draw, self.shape, self.batch, self.act
+        conv_state = conv_state_cache(draw, self.num_slots, s.conv_dim, s.width, act, dim_first)
+        ssm = ssm_state_cache(draw, self.num_slots, s, self.state_dtype)
+        return dict(
+            **projection(draw, s, batch, act),
+            conv_state=conv_state,
+            conv_weight=draw.normal(s.conv_dim, s.width, dtype=act) * 0.5,
+            conv_bias=draw.normal(s.conv_dim, dtype=act) if bias else None,
+            ssm_state=ssm["state"],
+            ssm_scale=ssm["state_scale"],
+            norm_weight=draw.normal(s.inner, dtype=act),
+            state_slots=self.slots(),
+            **head_params(draw, s.nheads),
+        )
 
 
 def slot_copy_inputs(

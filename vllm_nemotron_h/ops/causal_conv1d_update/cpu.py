@@ -4,28 +4,24 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nemotron_h.ops.causal_conv1d_update.args import ConvUpdateStep
 
-def causal_conv1d_update_cpu(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-    state_slots: torch.Tensor | None,
-    null_slot: int,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """Same arguments and effects as the interface's ``causal_conv1d_update`` (``out``
-    given); no checks."""
+
+def causal_conv1d_update_cpu(step: ConvUpdateStep) -> torch.Tensor:
+    """Same effects as the interface's ``causal_conv1d_update`` (``step.out`` given); no
+    checks."""
+    x, conv_state, weight, bias, out = step.x, step.conv_state, step.weight, step.bias, step.out
     batch = x.shape[0]
-    slots = state_slots if state_slots is not None else torch.arange(batch, device=x.device)
-    live = slots != null_slot
+    slots = step.state_slots
+    if slots is None:
+        slots = torch.arange(batch, device=x.device)
+    live = slots != step.null_slot
     idx = slots[live]
     window = torch.cat([conv_state[idx], x[live, :, None].to(conv_state.dtype)], dim=-1)
     y = (window.float() * weight.float()).sum(-1)
     if bias is not None:
         y = y + bias.float()
-    if activation is not None:
+    if step.activation is not None:
         y = torch.nn.functional.silu(y)
     conv_state[idx] = window[..., 1:]
     out.zero_()

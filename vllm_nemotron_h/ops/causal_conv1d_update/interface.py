@@ -20,6 +20,7 @@ import torch
 
 from vllm_nemotron_h.ops import launch_config as configs
 from vllm_nemotron_h.ops.causal_conv1d_update import kernel
+from vllm_nemotron_h.ops.causal_conv1d_update.args import ConvUpdateStep
 from vllm_nemotron_h.ops.causal_conv1d_update.cpu import causal_conv1d_update_cpu
 from vllm_nemotron_h.ops.support import (
     ACTIVATION_DTYPES,
@@ -42,22 +43,23 @@ def launch_config(device: torch.device, batch_dim: int) -> tuple[int, int]:
     return configs.first_fit(rows, batch_dim) or DEFAULT_CONFIG
 
 
-def check(x, conv_state, weight, bias, activation, state_slots, out) -> None:
+def check(step: ConvUpdateStep) -> None:
     """Raises ValueError naming the first argument that does not fit."""
+    x = step.x
     check_tensor("x", x, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
     batch, dim = x.shape
     dev = x.device
-    check_tensor("weight", weight, (dim, None), ACTIVATION_DTYPES, dev)
-    width = weight.shape[1]
+    check_tensor("weight", step.weight, (dim, None), ACTIVATION_DTYPES, dev)
+    width = step.weight.shape[1]
     check_range("weight.shape[1] (conv width)", width, CONV_WIDTH_RANGE)
-    check_tensor("conv_state", conv_state, (None, dim, width - 1), STATE_DTYPES, dev)
-    if bias is not None:
-        check_tensor("bias", bias, (dim,), ACTIVATION_DTYPES, dev)
-    if activation not in CONV_ACTIVATIONS:
-        raise ValueError(f"activation must be one of {CONV_ACTIVATIONS}, got {activation!r}")
-    check_slots(state_slots, batch, dev)
-    if out is not None:
-        check_tensor("out", out, (batch, dim), ACTIVATION_DTYPES, dev, unit_last_stride=True)
+    check_tensor("conv_state", step.conv_state, (None, dim, width - 1), STATE_DTYPES, dev)
+    if step.bias is not None:
+        check_tensor("bias", step.bias, (dim,), ACTIVATION_DTYPES, dev)
+    if step.activation not in CONV_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {CONV_ACTIVATIONS}, got {step.activation!r}")
+    check_slots(step.state_slots, batch, dev)
+    if step.out is not None:
+        check_tensor("out", step.out, (batch, dim), ACTIVATION_DTYPES, dev, unit_last_stride=True)
 
 
 def causal_conv1d_update(
@@ -73,14 +75,11 @@ def causal_conv1d_update(
 ) -> torch.Tensor:
     """Convolves one new token per sequence and rolls ``conv_state`` in place.
     ``config`` = (BLOCK_D, num_warps) overrides the device's launch table."""
-    check(x, conv_state, weight, bias, activation, state_slots, out)
+    step = ConvUpdateStep(x, conv_state, weight, bias, activation, state_slots, null_slot, out)
+    check(step)
     if out is None:
-        out = torch.empty_like(x)
+        step.out = torch.empty_like(x)
     if not use_triton(x):
-        return causal_conv1d_update_cpu(
-            x, conv_state, weight, bias, activation, state_slots, null_slot, out
-        )
+        return causal_conv1d_update_cpu(step)
     block_d, num_warps = config or launch_config(x.device, x.shape[0] * x.shape[1])
-    return kernel.launch(
-        x, conv_state, weight, bias, activation, state_slots, null_slot, out, block_d, num_warps
-    )
+    return kernel.launch(step, block_d, num_warps)

@@ -8,32 +8,17 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_nemotron_h.ops.causal_conv1d_update.args import ConvUpdateStep
 from vllm_nemotron_h.ops.triton_helpers import conv_shift, conv_window
 
 
 @triton.jit
 def _causal_conv1d_update_kernel(
-    x_ptr,
-    state_ptr,
-    w_ptr,
-    bias_ptr,
-    out_ptr,
-    slots_ptr,
-    null_slot,
-    dim,
-    x_b,
-    s_slot,
-    s_dim,
-    s_t,
-    w_dim,
-    w_t,
-    o_b,
-    WIDTH: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr,
-    SILU: tl.constexpr,
+    x_ptr, state_ptr, w_ptr, bias_ptr, out_ptr, slots_ptr, null_slot, dim,
+    x_b, s_slot, s_dim, s_t, w_dim, w_t, o_b,
+    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SLOTS: tl.constexpr, SILU: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):
+):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     ch_ok = ch < dim
@@ -54,45 +39,19 @@ def _causal_conv1d_update_kernel(
     tl.store(out_ptr + b * o_b + ch, acc.to(out_ptr.dtype.element_ty), mask=ch_ok)
 
 
-def launch(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-    state_slots: torch.Tensor | None,
-    null_slot: int,
-    out: torch.Tensor,
-    block_d: int,
-    num_warps: int,
-) -> torch.Tensor:
-    """Launches the kernel; no argument checks (the interface and the decode plan check)."""
+def launch(step: ConvUpdateStep, block_d: int, num_warps: int) -> torch.Tensor:
+    """Launches the kernel (``step.out`` given); no argument checks (the interface and the
+    decode plan check)."""
+    x, conv_state, weight, bias, out = step.x, step.conv_state, step.weight, step.bias, step.out
     batch, dim = x.shape
-    width = weight.shape[1]
     if batch == 0:
         return out
-    grid = (batch, triton.cdiv(dim, block_d))
-    _causal_conv1d_update_kernel[grid](
-        x,
-        conv_state,
-        weight,
-        bias if bias is not None else weight,
-        out,
-        state_slots if state_slots is not None else x,
-        null_slot,
-        dim,
-        x.stride(0),
-        conv_state.stride(0),
-        conv_state.stride(1),
-        conv_state.stride(2),
-        weight.stride(0),
-        weight.stride(1),
-        out.stride(0),
-        WIDTH=width,
-        HAS_BIAS=bias is not None,
-        HAS_SLOTS=state_slots is not None,
-        SILU=activation is not None,
-        BLOCK_D=block_d,
-        num_warps=num_warps,
-    )
+    slots = step.state_slots
+    _causal_conv1d_update_kernel[(batch, triton.cdiv(dim, block_d))](
+        x, conv_state, weight, bias if bias is not None else weight, out,
+        slots if slots is not None else x, step.null_slot, dim,
+        x.stride(0), *conv_state.stride(), *weight.stride(), out.stride(0),
+        WIDTH=weight.shape[1], HAS_BIAS=bias is not None, HAS_SLOTS=slots is not None,
+        SILU=step.activation is not None, BLOCK_D=block_d, num_warps=num_warps,
+    )  # fmt: skip
     return out

@@ -21,29 +21,35 @@ checkpoint about 1/4 of a bf16 state's; one step in L also writes the checkpoint
 prefill reads the state, and wherever the whole state is needed). Rows whose slot is
 ``null_slot`` are skipped (their output is zero).
 
-Shapes and dtypes: as the per-step update's for x, dt, A, B, C, D, dt_bias, z, out and
-state_slots (x, z, out, B, C contiguous in their last dimension); the state: layout.py.
+The step's arguments: the per-step update's record (``StateUpdateStep``, same shapes and
+dtypes; x, z, out, B, C contiguous in their last dimension); the state: layout.py.
 Supported: ops/support.py (head_dim, d_state, ring sizes; ngroups dividing nheads).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from vllm_nemotron_h.ops import launch_config as configs
 from vllm_nemotron_h.ops.deferred_state_update import kernel
 from vllm_nemotron_h.ops.deferred_state_update.cpu import deferred_state_update_cpu
-from vllm_nemotron_h.ops.deferred_state_update.layout import LEN_ROWS, DeferredState, ring_shapes
-from vllm_nemotron_h.ops.selective_state_update.interface import check_state_scale
+from vllm_nemotron_h.ops.deferred_state_update.layout import (
+    LEN_ROWS,
+    DeferredState,
+    RingFlush,
+    ring_shapes,
+)
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
+from vllm_nemotron_h.ops.selective_state_update.interface import check_state_scale, check_step
 from vllm_nemotron_h.ops.support import (
     ACTIVATION_DTYPES,
+    ANY_STATE_DTYPES,
     D_STATE_RANGE,
     HEAD_DIM_RANGE,
-    QUANTIZED_STATE_DTYPES,
     RING_SIZES,
-    STATE_DTYPES,
     check_range,
-    check_slots,
     check_tensor,
     use_triton,
 )
@@ -75,8 +81,7 @@ def check_state(state: DeferredState, device: torch.device | None = None) -> Non
     if not isinstance(state, DeferredState):
         raise ValueError(f"state must be a DeferredState, got {type(state).__name__}")
     cp = state.checkpoint
-    dtypes = STATE_DTYPES + QUANTIZED_STATE_DTYPES
-    check_tensor("state.checkpoint", cp, (None, None, None, None), dtypes, device, True)
+    check_tensor("state.checkpoint", cp, (None, None, None, None), ANY_STATE_DTYPES, device, True)
     check_state_scale(cp, state.checkpoint_scale, "state.checkpoint", "state.checkpoint_scale")
     num_slots, nheads, head_dim, d_state = cp.shape
     check_range("head_dim", head_dim, HEAD_DIM_RANGE)
@@ -107,69 +112,46 @@ def check_state(state: DeferredState, device: torch.device | None = None) -> Non
         check_tensor(name, t, (num_slots, *shape), dtypes, cp.device, True)
 
 
-def check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out) -> None:
+def check(state: DeferredState, step: StateUpdateStep) -> None:
     """Raises ValueError naming the first argument that does not fit."""
-    check_tensor("x", x, (None, None, None), ACTIVATION_DTYPES, None, True)
-    batch, nheads, head_dim = x.shape
-    dev = x.device
-    check_state(state, dev)
-    _, cp_heads, cp_dim, d_state = state.checkpoint.shape
-    if (cp_heads, cp_dim) != (nheads, head_dim):
+    check_tensor("x", step.x, (None, None, None), ACTIVATION_DTYPES, None, True)
+    check_state(state, step.x.device)
+    _, nheads, head_dim, d_state = state.checkpoint.shape
+    if step.x.shape[1:] != (nheads, head_dim):
         raise ValueError(
-            f"state.checkpoint must have (nheads, head_dim) = {(nheads, head_dim)} as x, got "
-            f"{(cp_heads, cp_dim)}"
+            f"x must have (nheads, head_dim) = {(nheads, head_dim)} as state.checkpoint, got "
+            f"{tuple(step.x.shape[1:])}"
         )
-    ngroups = state.ring_B.shape[1]
-    check_tensor("dt", dt, (batch, nheads), ACTIVATION_DTYPES, dev)
-    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
-        check_tensor(name, t, (nheads,), (torch.float32,), dev)
-    for name, t in (("B", B), ("C", C)):
-        check_tensor(name, t, (batch, ngroups, d_state), ACTIVATION_DTYPES, dev, True)
-    if z is not None:
-        check_tensor("z", z, (batch, nheads, head_dim), ACTIVATION_DTYPES, dev, True)
-    if out is not None:
-        check_tensor("out", out, (batch, nheads, head_dim), ACTIVATION_DTYPES, dev, True)
-    check_slots(state_slots, batch, dev)
+    check_step(step, d_state, state.ring_B.shape[1], unit_last_stride=True)
 
 
 def deferred_state_update(
-    state: DeferredState,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    z: torch.Tensor | None = None,
-    state_slots: torch.Tensor | None = None,
-    null_slot: int = -1,
-    out: torch.Tensor | None = None,
-    config: tuple[int, int] | None = None,
+    state: DeferredState, step: StateUpdateStep, config: tuple[int, int] | None = None
 ) -> torch.Tensor:
-    """Advances every row's state by one token (see module doc) and returns ``out``.
-    ``config`` = (BLOCK_M, num_warps) overrides the device's launch table."""
-    check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out)
+    """Advances every row's state by one token (see module doc) and returns the output
+    (``step.out``, allocated when None). ``config`` = (BLOCK_M, num_warps) overrides the
+    device's launch table."""
+    check(state, step)
+    x = step.x
     batch, nheads, head_dim = x.shape
-    if out is None:
-        out = torch.empty_like(x)
-    if state_slots is None:
-        state_slots = torch.arange(batch, device=x.device)
     if config is not None:
         check_config(config, head_dim)
-    if not use_triton(x):
-        deferred_state_update_cpu(
-            state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out
+    if step.out is None or step.state_slots is None:
+        slots = step.state_slots
+        step = replace(
+            step,
+            out=step.out if step.out is not None else torch.empty_like(x),
+            state_slots=slots if slots is not None else torch.arange(batch, device=x.device),
         )
-        return out
+    if not use_triton(x):
+        deferred_state_update_cpu(state, step)
+        return step.out
     cp = state.checkpoint
     block_m, num_warps = config or launch_config(
         x.device, head_dim, cp.shape[-1], cp.dtype, batch * nheads
     )
-    kernel.launch(
-        state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out, block_m, num_warps
-    )
-    return out
+    kernel.launch(state, step, block_m, num_warps)
+    return step.out
 
 
 def flush_deferred_state(
@@ -187,15 +169,11 @@ def flush_deferred_state(
     check_tensor("state_slots", state_slots, (None,), (torch.int64,), cp.device)
     if config is not None:
         check_config(config, cp.shape[2])
+    flush = RingFlush(A, state_slots, null_slot)
     if not use_triton(cp):
-        deferred_state_update_cpu(
-            state, None, None, A, None, None, None, None, None, state_slots, null_slot, None
-        )
+        deferred_state_update_cpu(state, flush)
         return
     block_m, num_warps = config or launch_config(
         cp.device, cp.shape[2], cp.shape[3], cp.dtype, state_slots.shape[0] * cp.shape[1]
     )
-    kernel.launch(
-        state, None, None, A, None, None, None, None, None, state_slots, null_slot, None,
-        block_m, num_warps,
-    )  # fmt: skip
+    kernel.launch(state, flush, block_m, num_warps)

@@ -15,11 +15,11 @@ and written back in the checkpoint's format; the ring empties.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from vllm_nemotron_h.ops.deferred_state_update.layout import LEN_ROWS, DeferredState
+from vllm_nemotron_h.ops.deferred_state_update.layout import LEN_ROWS, DeferredState, RingFlush
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.triton_helpers import load_state_tile, softplus, store_state_tile
 
 
@@ -46,70 +46,21 @@ def _write_back(
 
 @triton.jit
 def _deferred_state_update_kernel(
-    state_ptr,
-    scale_ptr,
-    ring_x_ptr,
-    ring_dt_ptr,
-    ring_B_ptr,
-    ring_len_ptr,
-    x_ptr,
-    dt_ptr,
-    A_ptr,
-    B_ptr,
-    C_ptr,
-    D_ptr,
-    dt_bias_ptr,
-    z_ptr,
-    out_ptr,
-    slots_ptr,
-    null_slot,
-    d_state,
-    group_rows,
-    s_slot,
-    s_head,
-    s_dim,
-    sc_slot,
-    sc_head,
-    rx_slot,
-    rx_head,
-    rx_pos,
-    rdt_slot,
-    rdt_head,
-    rB_slot,
-    rB_group,
-    rB_pos,
-    rl_slot,
-    rl_head,
-    x_b,
-    x_h,
-    dt_b,
-    dt_h,
-    B_b,
-    B_g,
-    C_b,
-    C_g,
-    z_b,
-    z_h,
-    o_b,
-    o_h,
-    HEAD_DIM: tl.constexpr,
-    RING: tl.constexpr,
-    LEN_ROWS: tl.constexpr,
-    QUANTIZED: tl.constexpr,
-    HAS_Z: tl.constexpr,
-    HAS_SLOTS: tl.constexpr,
-    APPEND: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    state_ptr, scale_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, ring_len_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, z_ptr, out_ptr, slots_ptr,
+    null_slot, d_state, group_rows,
+    s_slot, s_head, s_dim, sc_slot, sc_head, rx_slot, rx_head, rx_pos, rdt_slot, rdt_head,
+    rB_slot, rB_group, rB_pos, rl_slot, rl_head,
+    x_b, x_h, dt_b, dt_h, B_b, B_g, C_b, C_g, z_b, z_h, o_b, o_h,
+    HEAD_DIM: tl.constexpr, RING: tl.constexpr, LEN_ROWS: tl.constexpr,
+    QUANTIZED: tl.constexpr, HAS_Z: tl.constexpr, APPEND: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     first_row = tl.program_id(0) * BLOCK_M  # BLOCK_M divides head_dim: one head per program
     b = tl.program_id(1).to(tl.int64)
     h = (first_row // HEAD_DIM).to(tl.int64)
     g = first_row // group_rows
-    if HAS_SLOTS:
-        slot = tl.load(slots_ptr + b)
-    else:
-        slot = b
+    slot = tl.load(slots_ptr + b)
     ks = tl.arange(0, RING)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < d_state
@@ -202,92 +153,38 @@ def _deferred_state_update_kernel(
 
 
 def launch(
-    state: DeferredState,
-    x: torch.Tensor | None,
-    dt: torch.Tensor | None,
-    A: torch.Tensor,
-    B: torch.Tensor | None,
-    C: torch.Tensor | None,
-    D: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    z: torch.Tensor | None,
-    state_slots: torch.Tensor | None,
-    null_slot: int,
-    out: torch.Tensor | None,
-    block_m: int,
-    num_warps: int,
+    state: DeferredState, step: StateUpdateStep | RingFlush, block_m: int, num_warps: int
 ) -> None:
-    """Launches the kernel over ``state_slots`` (one per row of x); no argument checks (the
-    interface and the decode plan check). Without a token (``x`` None) it only writes the
-    rows' rings back (``A`` is then the only parameter read)."""
+    """Launches the kernel over ``step.state_slots`` (one per row of x); no argument checks
+    (the interface and the decode plan check). A ``RingFlush`` only writes its slots' rings
+    back (A is then the only parameter read)."""
     cp = state.checkpoint
     _, nheads, head_dim, d_state = cp.shape
-    append = x is not None
-    batch = x.shape[0] if append else state_slots.shape[0]
+    append = isinstance(step, StateUpdateStep)
+    slots = step.state_slots
+    batch = step.x.shape[0] if append else slots.shape[0]
     if batch == 0:
         return
-    ngroups = state.ring_B.shape[1]
     scale = state.checkpoint_scale if state.checkpoint_scale is not None else state.ring_dt
-    # Unused pointers (no token, no gate) point at a tensor of the right rank.
-    x3 = x if append else state.ring_x[:batch, :, 0]
-    z3 = z if z is not None else x3
-    B3 = B if append else state.ring_B[:batch, :, 0]
-    dt2 = dt if append else state.ring_dt[:batch, :, 0]
+    if append:
+        x, dt, B, C, out = step.x, step.dt, step.B, step.C, step.out
+        D, dt_bias = step.D, step.dt_bias
+        z = step.z if step.z is not None else x
+    else:  # unused pointers point at tensors of the right rank
+        x = z = out = state.ring_x[:batch, :, 0]
+        dt = state.ring_dt[:batch, :, 0]
+        B = C = state.ring_B[:batch, :, 0]
+        D = dt_bias = step.A
     _deferred_state_update_kernel[(nheads * head_dim // block_m, batch)](
-        cp,
-        scale,
-        state.ring_x,
-        state.ring_dt,
-        state.ring_B,
-        state.ring_len,
-        x3,
-        dt2,
-        A,
-        B3,
-        C if append else B3,
-        D if append else A,
-        dt_bias if append else A,
-        z3,
-        out if append else x3,
-        state_slots if state_slots is not None else A,
-        null_slot,
-        d_state,
-        nheads // ngroups * head_dim,
-        cp.stride(0),
-        cp.stride(1),
-        cp.stride(2),
-        scale.stride(0),
-        scale.stride(1),
-        state.ring_x.stride(0),
-        state.ring_x.stride(1),
-        state.ring_x.stride(2),
-        state.ring_dt.stride(0),
-        state.ring_dt.stride(1),
-        state.ring_B.stride(0),
-        state.ring_B.stride(1),
-        state.ring_B.stride(2),
-        state.ring_len.stride(0),
-        state.ring_len.stride(1),
-        x3.stride(0),
-        x3.stride(1),
-        dt2.stride(0),
-        dt2.stride(1),
-        B3.stride(0),
-        B3.stride(1),
-        (C if append else B3).stride(0),
-        (C if append else B3).stride(1),
-        z3.stride(0),
-        z3.stride(1),
-        (out if append else x3).stride(0),
-        (out if append else x3).stride(1),
-        HEAD_DIM=head_dim,
-        RING=state.ring_size,
-        LEN_ROWS=LEN_ROWS,
-        QUANTIZED=state.checkpoint_scale is not None,
-        HAS_Z=z is not None,
-        HAS_SLOTS=state_slots is not None,
-        APPEND=append,
-        BLOCK_M=block_m,
-        BLOCK_N=triton.next_power_of_2(d_state),
+        cp, scale, state.ring_x, state.ring_dt, state.ring_B, state.ring_len,
+        x, dt, step.A, B, C, D, dt_bias, z, out, slots,
+        step.null_slot, d_state, nheads // state.ring_B.shape[1] * head_dim,
+        *cp.stride()[:3], *scale.stride()[:2], *state.ring_x.stride()[:3],
+        *state.ring_dt.stride()[:2], *state.ring_B.stride()[:3], *state.ring_len.stride()[:2],
+        *x.stride()[:2], *dt.stride(), *B.stride()[:2], *C.stride()[:2], *z.stride()[:2],
+        *out.stride()[:2],
+        HEAD_DIM=head_dim, RING=state.ring_size, LEN_ROWS=LEN_ROWS,
+        QUANTIZED=state.checkpoint_scale is not None, HAS_Z=append and step.z is not None,
+        APPEND=append, BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state),
         num_warps=num_warps,
-    )
+    )  # fmt: skip

@@ -41,6 +41,17 @@ class DeferredState:
         return self.ring_dt.shape[-1]
 
 
+@dataclass(slots=True)
+class RingFlush:
+    """A write-back without a token: the slots whose rings go into their checkpoints (null
+    slots skipped) and the heads' decay A (nheads,) fp32. The kernel, the CPU path and the
+    reference take it where a step takes a ``StateUpdateStep``."""
+
+    A: torch.Tensor
+    state_slots: torch.Tensor
+    null_slot: int = -1
+
+
 def ring_shapes(
     nheads: int, head_dim: int, d_state: int, ngroups: int, ring_size: int
 ) -> tuple[tuple[int, ...], ...]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, RingFlush
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.state_format import dequantize, quantize
 
 
@@ -45,28 +46,19 @@ def _write_back(state: DeferredState, slot: int, h: int, s: torch.Tensor) -> Non
     state.ring_len[slot, h] = 0
 
 
-def deferred_state_update_reference(
-    state: DeferredState,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    z: torch.Tensor | None = None,
-    state_slots: torch.Tensor | None = None,
-    null_slot: int = -1,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Same arguments and effects as ``deferred_state_update`` (see interface.py)."""
+def deferred_state_update_reference(state: DeferredState, step: StateUpdateStep) -> torch.Tensor:
+    """Same effects as ``deferred_state_update`` (see interface.py); returns the output
+    (``step.out`` when given)."""
+    x, dt, A, B, C, D, dt_bias, z = (
+        step.x, step.dt, step.A, step.B, step.C, step.D, step.dt_bias, step.z
+    )  # fmt: skip
     batch, nheads, head_dim = x.shape
     heads_per_group = nheads // B.shape[1]
     L = state.ring_size
     y = torch.zeros(batch, nheads, head_dim, dtype=torch.float64)
     for b in range(batch):
-        slot = int(state_slots[b]) if state_slots is not None else b
-        if slot == null_slot:
+        slot = int(step.state_slots[b]) if step.state_slots is not None else b
+        if slot == step.null_slot:
             continue
         for h in range(nheads):
             g = h // heads_per_group
@@ -87,24 +79,17 @@ def deferred_state_update_reference(
             if h % heads_per_group == 0:
                 state.ring_B[slot, g, n] = B[b, g]
             state.ring_len[slot, h] = n + 1
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    out.copy_(y)
-    return out
+    out = step.out if step.out is not None else torch.empty_like(x)
+    return out.copy_(y)
 
 
-def flush_deferred_state_reference(
-    state: DeferredState,
-    A: torch.Tensor,
-    ngroups: int,
-    state_slots: torch.Tensor,
-    null_slot: int = -1,
-) -> None:
+def flush_deferred_state_reference(state: DeferredState, flush: RingFlush) -> None:
     """Same effects as ``flush_deferred_state`` (see interface.py)."""
     nheads = state.checkpoint.shape[1]
-    for slot in state_slots.tolist():
-        if slot == null_slot:
+    heads_per_group = nheads // state.ring_B.shape[1]
+    for slot in flush.state_slots.tolist():
+        if slot == flush.null_slot:
             continue
         for h in range(nheads):
-            g = h // (nheads // ngroups)
-            _write_back(state, slot, h, _state_now(state, slot, h, g, float(A[h])))
+            s = _state_now(state, slot, h, h // heads_per_group, float(flush.A[h]))
+            _write_back(state, slot, h, s)

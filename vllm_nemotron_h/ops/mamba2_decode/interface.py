@@ -37,18 +37,25 @@ from vllm_nemotron_h.ops import launch_config as configs
 from vllm_nemotron_h.ops.causal_conv1d_update import interface as conv_op
 from vllm_nemotron_h.ops.causal_conv1d_update import kernel as conv_kernel
 from vllm_nemotron_h.ops.mamba2_decode import kernel
+from vllm_nemotron_h.ops.mamba2_decode.args import (
+    DecodeLayer,
+    DecodeStep,
+    conv_step,
+    group_norm,
+    state_update_step,
+)
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.kernel import MIN_BLOCK_M, DecodeWorkspace
-from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of, split_xbc
+from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of
 from vllm_nemotron_h.ops.rms_norm import kernel as norm_kernel
 from vllm_nemotron_h.ops.selective_state_update import interface as ssu_op
 from vllm_nemotron_h.ops.selective_state_update import kernel as ssu_kernel
 from vllm_nemotron_h.ops.support import (
     ACTIVATION_DTYPES,
+    ANY_STATE_DTYPES,
     CONV_WIDTH_RANGE,
     D_STATE_RANGE,
     HEAD_DIM_RANGE,
-    QUANTIZED_STATE_DTYPES,
     STATE_DTYPES,
     check_range,
     check_slots,
@@ -88,6 +95,13 @@ class DecodeShape:
     def conv_dim(self) -> int:
         return self.nheads * self.head_dim + 2 * self.ngroups * self.d_state
 
+    def tile_config(self, kernel: str, batch_heads: int) -> tuple[int, int]:
+        """(BLOCK_M, num_warps) of ``kernel``'s (head, row) tiles, from the device's table."""
+        return configs.plane_tile_config(
+            kernel, self.device, self.head_dim, self.d_state, self.state_dtype, batch_heads,
+            self.group_rows,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class DecodeLaunch:
@@ -114,43 +128,25 @@ def _fused_tile_fits(shape: DecodeShape, block_m: int) -> bool:
 def resolve_launch(shape: DecodeShape, batch: int) -> DecodeLaunch:
     """The device table's choice for ``batch`` sequences."""
     batch_heads = batch * shape.nheads
-    fused_config = configs.plane_tile_config(
-        "mamba2_decode",
-        shape.device,
-        shape.head_dim,
-        shape.d_state,
-        shape.state_dtype,
-        batch_heads,
-        shape.group_rows,
-    )
+    fused_config = shape.tile_config("mamba2_decode", batch_heads)
     fused_max = configs.table("mamba2_decode_fused_max_batch_heads", shape.device)
     fused_max = DEFAULT_FUSED_MAX_BATCH_HEADS if fused_max is None else fused_max
     return DecodeLaunch(
         fused=_fused_tile_fits(shape, fused_config[0]) and batch_heads <= fused_max,
         fused_config=fused_config,
         conv_config=conv_op.launch_config(shape.device, batch * shape.conv_dim),
-        ssu_config=ssu_op.launch_config(
-            shape.device,
-            shape.head_dim,
-            shape.d_state,
-            shape.state_dtype,
-            batch_heads,
-            shape.group_rows,
-        ),
+        ssu_config=shape.tile_config("selective_state_update", batch_heads),
     )
 
 
-def check(
-    xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
-    norm_weight, state_slots, out, ssm_scale=None,
-) -> None:  # fmt: skip
+def check(layer: DecodeLayer, step: DecodeStep) -> None:
     """Raises ValueError naming the first argument that does not fit."""
+    xbc, ssm_state, conv_weight = step.xbc, layer.ssm_state, layer.conv_weight
     check_tensor("xbc", xbc, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
     batch, conv_dim = xbc.shape
     dev = xbc.device
-    dtypes = STATE_DTYPES + QUANTIZED_STATE_DTYPES
-    check_tensor("ssm_state", ssm_state, (None, None, None, None), dtypes, dev, True)
-    ssu_op.check_state_scale(ssm_state, ssm_scale, "ssm_state", "ssm_scale")
+    check_tensor("ssm_state", ssm_state, (None, None, None, None), ANY_STATE_DTYPES, dev, True)
+    ssu_op.check_state_scale(ssm_state, layer.ssm_scale, "ssm_state", "ssm_scale")
     _, nheads, head_dim, d_state = ssm_state.shape
     check_range("head_dim", head_dim, HEAD_DIM_RANGE)
     check_range("d_state", d_state, D_STATE_RANGE)
@@ -162,21 +158,21 @@ def check(
             f"xbc.shape[1]={conv_dim} must be nheads*head_dim ({inner}) + 2*ngroups*d_state "
             f"(d_state={d_state}) with ngroups dividing nheads={nheads}"
         )
-    check_tensor("dt", dt, (batch, nheads), ACTIVATION_DTYPES, dev)
-    check_tensor("z", z, (batch, inner), ACTIVATION_DTYPES, dev, True)
+    check_tensor("dt", step.dt, (batch, nheads), ACTIVATION_DTYPES, dev)
+    check_tensor("z", step.z, (batch, inner), ACTIVATION_DTYPES, dev, True)
     check_tensor("conv_weight", conv_weight, (conv_dim, None), ACTIVATION_DTYPES, dev)
     width = conv_weight.shape[1]
     check_range("conv_weight.shape[1] (conv width)", width, CONV_WIDTH_RANGE)
-    check_tensor("conv_state", conv_state, (None, conv_dim, width - 1), STATE_DTYPES, dev)
-    if conv_bias is not None:
-        check_tensor("conv_bias", conv_bias, (conv_dim,), ACTIVATION_DTYPES, dev)
-    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+    check_tensor("conv_state", layer.conv_state, (None, conv_dim, width - 1), STATE_DTYPES, dev)
+    if layer.conv_bias is not None:
+        check_tensor("conv_bias", layer.conv_bias, (conv_dim,), ACTIVATION_DTYPES, dev)
+    for name, t in (("A", layer.A), ("D", layer.D), ("dt_bias", layer.dt_bias)):
         check_tensor(name, t, (nheads,), (torch.float32,), dev)
-    if norm_weight is not None:
-        check_tensor("norm_weight", norm_weight, (inner,), ACTIVATION_DTYPES, dev)
-    check_slots(state_slots, batch, dev)
-    if out is not None:
-        check_tensor("out", out, (batch, inner), (xbc.dtype,), dev, True)
+    if layer.norm_weight is not None:
+        check_tensor("norm_weight", layer.norm_weight, (inner,), ACTIVATION_DTYPES, dev)
+    check_slots(step.state_slots, batch, dev)
+    if step.out is not None:
+        check_tensor("out", step.out, (batch, inner), (xbc.dtype,), dev, True)
 
 
 def check_workspace(
@@ -203,46 +199,19 @@ def check_workspace(
 
 
 def run(
-    launch: DecodeLaunch,
-    xbc: torch.Tensor,
-    dt: torch.Tensor,
-    z: torch.Tensor,
-    conv_state: torch.Tensor,
-    conv_weight: torch.Tensor,
-    conv_bias: torch.Tensor | None,
-    ssm_state: torch.Tensor,
-    A: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    norm_weight: torch.Tensor | None,
-    eps: float,
-    workspace: DecodeWorkspace | None,
-    state_slots: torch.Tensor | None,
-    null_slot: int,
-    out: torch.Tensor,
-    ssm_scale: torch.Tensor | None = None,
+    launch: DecodeLaunch, layer: DecodeLayer, step: DecodeStep, workspace: DecodeWorkspace | None
 ) -> torch.Tensor:
-    """Runs a resolved launch on the GPU (or the Triton interpreter); no checks."""
+    """Runs a resolved launch on the GPU (or the Triton interpreter), ``step.out`` given;
+    no checks."""
     if launch.fused:
-        return kernel.launch(
-            xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
-            norm_weight, eps, workspace, state_slots, null_slot, out, *launch.fused_config,
-            ssm_scale,
-        )  # fmt: skip
-    batch = xbc.shape[0]
-    _, nheads, head_dim, d_state = ssm_state.shape
+        return kernel.launch(layer, step, workspace, *launch.fused_config)
+    xbc, out = step.xbc, step.out
     conv = torch.empty(xbc.shape, dtype=xbc.dtype, device=xbc.device)
-    conv_kernel.launch(
-        xbc, conv_state, conv_weight, conv_bias, "silu", state_slots, null_slot, conv,
-        *launch.conv_config,
-    )  # fmt: skip
-    x, B, C = split_xbc(conv, nheads, head_dim, d_state)
-    ssu_kernel.launch(
-        ssm_state, x, dt, A, B, C, D, dt_bias, z.view(batch, nheads, head_dim), state_slots,
-        null_slot, out.view(batch, nheads, head_dim), *launch.ssu_config, ssm_scale,
-    )  # fmt: skip
-    if norm_weight is not None:
-        norm_kernel.launch_group(out, norm_weight, nheads * head_dim // B.shape[1], eps, out=out)
+    conv_kernel.launch(conv_step(layer, step, conv), *launch.conv_config)
+    ssu_step = state_update_step(layer, step, conv, out)
+    ssu_kernel.launch(layer.ssm_state, layer.ssm_scale, ssu_step, *launch.ssu_config)
+    if layer.norm_weight is not None:
+        norm_kernel.launch_group(out, group_norm(layer, ssu_step.B.shape[1]), out=out)
     return out
 
 
@@ -273,15 +242,16 @@ def mamba2_decode(
     choice (None). The one launch needs ``workspace``; ``config`` = (BLOCK_M, num_warps)
     overrides its table. ``ssm_scale`` holds the per-row scales of an int8 ``ssm_state``
     (updated in place with it)."""
-    check(
-        xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias,
-        norm_weight, state_slots, out, ssm_scale,
+    layer = DecodeLayer(
+        conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias, norm_weight, eps,
+        ssm_scale, null_slot,
     )  # fmt: skip
+    step = DecodeStep(xbc, dt, z, state_slots, out)
+    check(layer, step)
     if out is None:
-        out = torch.empty_like(z)
-    args = (xbc, dt, z, conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias)
+        step.out = torch.empty_like(z)
     if not use_triton(xbc):
-        return mamba2_decode_cpu(*args, norm_weight, eps, state_slots, null_slot, out, ssm_scale)
+        return mamba2_decode_cpu(layer, step)
     shape = DecodeShape.of(xbc, conv_weight, ssm_state)
     batch = xbc.shape[0]
     launch = resolve_launch(shape, batch)
@@ -296,4 +266,4 @@ def mamba2_decode(
         launch = DecodeLaunch(fused, fused_config, launch.conv_config, launch.ssu_config)
     if launch.fused:
         check_workspace(workspace, *launch.workspace_needs(shape, batch), xbc.device)
-    return run(launch, *args, norm_weight, eps, workspace, state_slots, null_slot, out, ssm_scale)
+    return run(launch, layer, step, workspace)

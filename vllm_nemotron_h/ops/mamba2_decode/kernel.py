@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
 from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of
 from vllm_nemotron_h.ops.triton_helpers import (
     conv_shift,
@@ -59,54 +60,16 @@ class DecodeWorkspace:
 
 @triton.jit
 def _mamba2_decode_kernel(
-    xbc_ptr,
-    dt_ptr,
-    z_ptr,
-    conv_state_ptr,
-    conv_w_ptr,
-    conv_b_ptr,
-    state_ptr,
-    A_ptr,
-    D_ptr,
-    dt_bias_ptr,
-    norm_w_ptr,
-    out_ptr,
-    slots_ptr,
-    scale_ptr,
-    counters_ptr,
-    partials_ptr,
-    null_slot,
-    d_state,
-    ngroups,
-    group_rows,
-    eps,
-    xbc_b,
-    dt_b,
-    dt_h,
-    z_b,
-    cs_slot,
-    cs_dim,
-    cs_t,
-    cw_dim,
-    cw_t,
-    s_slot,
-    s_head,
-    s_dim,
-    sc_slot,
-    sc_head,
-    sc_dim,
-    o_b,
-    HEAD_DIM: tl.constexpr,
-    QUANTIZED: tl.constexpr,
-    WIDTH: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr,
-    NORM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    TILES_BLOCK: tl.constexpr,
+    xbc_ptr, dt_ptr, z_ptr, conv_state_ptr, conv_w_ptr, conv_b_ptr, state_ptr, A_ptr, D_ptr,
+    dt_bias_ptr, norm_w_ptr, out_ptr, slots_ptr, scale_ptr, counters_ptr, partials_ptr,
+    null_slot, d_state, ngroups, group_rows, eps,
+    xbc_b, dt_b, dt_h, z_b, cs_slot, cs_dim, cs_t, cw_dim, cw_t, s_slot, s_head, s_dim,
+    sc_slot, sc_head, sc_dim, o_b,
+    HEAD_DIM: tl.constexpr, QUANTIZED: tl.constexpr, WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SLOTS: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES_BLOCK: tl.constexpr,
     GROUP_BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     tile = tl.program_id(0)
     n_tiles = tl.num_programs(0)
     b = tl.program_id(1).to(tl.int64)
@@ -131,47 +94,17 @@ def _mamba2_decode_kernel(
     b_st = cs_base + b_ch * cs_dim
     c_st = cs_base + c_ch * cs_dim
     x_conv, x_w1, x_w2, x_new = conv_window(
-        xbc_row,
-        x_st,
-        cs_t,
-        rows,
-        rows < inner,
-        live,
-        conv_w_ptr,
-        cw_dim,
-        cw_t,
-        conv_b_ptr,
-        WIDTH,
-        HAS_BIAS,
-    )
+        xbc_row, x_st, cs_t, rows, rows < inner, live,
+        conv_w_ptr, cw_dim, cw_t, conv_b_ptr, WIDTH, HAS_BIAS,
+    )  # fmt: skip
     b_conv, b_w1, b_w2, b_new = conv_window(
-        xbc_row,
-        b_st,
-        cs_t,
-        b_ch,
-        col_ok,
-        bc_ok,
-        conv_w_ptr,
-        cw_dim,
-        cw_t,
-        conv_b_ptr,
-        WIDTH,
-        HAS_BIAS,
-    )
+        xbc_row, b_st, cs_t, b_ch, col_ok, bc_ok,
+        conv_w_ptr, cw_dim, cw_t, conv_b_ptr, WIDTH, HAS_BIAS,
+    )  # fmt: skip
     c_conv, c_w1, c_w2, c_new = conv_window(
-        xbc_row,
-        c_st,
-        cs_t,
-        c_ch,
-        col_ok,
-        bc_ok,
-        conv_w_ptr,
-        cw_dim,
-        cw_t,
-        conv_b_ptr,
-        WIDTH,
-        HAS_BIAS,
-    )
+        xbc_row, c_st, cs_t, c_ch, col_ok, bc_ok,
+        conv_w_ptr, cw_dim, cw_t, conv_b_ptr, WIDTH, HAS_BIAS,
+    )  # fmt: skip
     z = tl.load(z_ptr + b * z_b + rows).to(tl.float32)
     dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
     A = tl.load(A_ptr + h)
@@ -223,29 +156,18 @@ def _mamba2_decode_kernel(
 
 
 def launch(
-    xbc: torch.Tensor,
-    dt: torch.Tensor,
-    z: torch.Tensor,
-    conv_state: torch.Tensor,
-    conv_weight: torch.Tensor,
-    conv_bias: torch.Tensor | None,
-    ssm_state: torch.Tensor,
-    A: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    norm_weight: torch.Tensor | None,
-    eps: float,
+    layer: DecodeLayer,
+    step: DecodeStep,
     workspace: DecodeWorkspace,
-    state_slots: torch.Tensor | None,
-    null_slot: int,
-    out: torch.Tensor,
     block_m: int,
     num_warps: int,
-    ssm_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launches the fused kernel; no argument checks (the interface and the decode plan
-    check, the workspace included). ``ssm_scale`` holds the per-row scales of an int8
-    ``ssm_state``."""
+    """Launches the fused kernel (``step.out`` given); no argument checks (the interface and
+    the decode plan check, the workspace included)."""
+    xbc, dt, z, out, slots = step.xbc, step.dt, step.z, step.out, step.state_slots
+    conv_state, conv_weight, ssm_state, A = (
+        layer.conv_state, layer.conv_weight, layer.ssm_state, layer.A
+    )  # fmt: skip
     batch, conv_dim = xbc.shape
     _, nheads, head_dim, d_state = ssm_state.shape
     inner = nheads * head_dim
@@ -254,55 +176,20 @@ def launch(
     n_tiles = inner // block_m
     if batch == 0:
         return out
-    scale = ssm_scale if ssm_scale is not None else A.view(1, 1, -1)
+    scale = layer.ssm_scale if layer.ssm_scale is not None else A.view(1, 1, -1)
+    bias, norm_weight = layer.conv_bias, layer.norm_weight
     _mamba2_decode_kernel[(n_tiles, batch)](
-        xbc,
-        dt,
-        z,
-        conv_state,
-        conv_weight,
-        conv_bias if conv_bias is not None else conv_weight,
-        ssm_state,
-        A,
-        D,
-        dt_bias,
-        norm_weight if norm_weight is not None else A,
-        out,
-        state_slots if state_slots is not None else dt,
-        scale,
-        workspace.counters,
+        xbc, dt, z, conv_state, conv_weight, bias if bias is not None else conv_weight,
+        ssm_state, A, layer.D, layer.dt_bias, norm_weight if norm_weight is not None else A,
+        out, slots if slots is not None else dt, scale, workspace.counters,
         workspace.partial_sums,
-        null_slot,
-        d_state,
-        ngroups,
-        group_rows,
-        eps,
-        xbc.stride(0),
-        dt.stride(0),
-        dt.stride(1),
-        z.stride(0),
-        conv_state.stride(0),
-        conv_state.stride(1),
-        conv_state.stride(2),
-        conv_weight.stride(0),
-        conv_weight.stride(1),
-        ssm_state.stride(0),
-        ssm_state.stride(1),
-        ssm_state.stride(2),
-        scale.stride(0),
-        scale.stride(1),
-        scale.stride(2),
-        out.stride(0),
-        HEAD_DIM=head_dim,
-        QUANTIZED=ssm_scale is not None,
-        WIDTH=conv_weight.shape[1],
-        HAS_BIAS=conv_bias is not None,
-        HAS_SLOTS=state_slots is not None,
-        NORM=norm_weight is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=triton.next_power_of_2(d_state),
+        layer.null_slot, d_state, ngroups, group_rows, layer.eps,
+        xbc.stride(0), *dt.stride(), z.stride(0), *conv_state.stride(), *conv_weight.stride(),
+        *ssm_state.stride()[:3], *scale.stride(), out.stride(0),
+        HEAD_DIM=head_dim, QUANTIZED=layer.ssm_scale is not None, WIDTH=conv_weight.shape[1],
+        HAS_BIAS=bias is not None, HAS_SLOTS=slots is not None, NORM=norm_weight is not None,
+        BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state),
         TILES_BLOCK=triton.next_power_of_2(n_tiles // ngroups),
-        GROUP_BLOCK=triton.next_power_of_2(group_rows),
-        num_warps=num_warps,
-    )
+        GROUP_BLOCK=triton.next_power_of_2(group_rows), num_warps=num_warps,
+    )  # fmt: skip
     return out

@@ -1,5 +1,6 @@
 """RMSNorm and grouped RMSNorm: kernel.py (Triton), interface.py (checks, dispatch),
-reference.py (the literal oracle), cpu.py (the CPU serving path)."""
+reference.py (the literal oracle), cpu.py (the CPU serving path), args.py (the group norm's
+parameters)."""
 
 from vllm_nemotron_h.ops.rms_norm.interface import group_rms_norm, rms_norm
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
+
 
 def rms_norm_cpu(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Same arguments and results as the interface's ``rms_norm``; no checks."""
     if residual is not None:
@@ -20,18 +19,13 @@ def rms_norm_cpu(
 
 
 def group_rms_norm_cpu(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    group_size: int,
-    eps: float,
-    z: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
+    x: torch.Tensor, norm: GroupNorm, z: torch.Tensor | None = None, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Same arguments and result as the interface's ``group_rms_norm``; no checks."""
+    """Same result as the interface's ``group_rms_norm``; no checks."""
     xf = x.float()
     if z is not None:
         xf = xf * torch.nn.functional.silu(z.float())
-    g = xf.view(*x.shape[:-1], x.shape[-1] // group_size, group_size)
-    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
-    normed = (g.view(x.shape) * weight.float()).to(x.dtype)
+    g = xf.view(*x.shape[:-1], x.shape[-1] // norm.group_size, norm.group_size)
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + norm.eps)
+    normed = (g.view(x.shape) * norm.weight.float()).to(x.dtype)
     return normed if out is None else out.copy_(normed)

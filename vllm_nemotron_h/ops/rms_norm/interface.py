@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from vllm_nemotron_h.ops.rms_norm import kernel
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu, rms_norm_cpu
 from vllm_nemotron_h.ops.support import ACTIVATION_DTYPES, check_tensor, use_triton
 
@@ -32,10 +33,7 @@ def _check_rows(name: str, t: torch.Tensor, like: torch.Tensor | None = None) ->
 
 
 def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Returns the normalised rows, and with ``residual`` also ``x + residual``."""
     _check_rows("x", x)
@@ -47,13 +45,15 @@ def rms_norm(
     return kernel.launch(x, weight, eps, residual)
 
 
-def check_group(x, weight, group_size, z, out) -> None:
+def check_group(
+    x: torch.Tensor, norm: GroupNorm, z: torch.Tensor | None, out: torch.Tensor | None
+) -> None:
     """Raises ValueError naming the first argument of ``group_rms_norm`` that does not fit."""
     _check_rows("x", x)
     hidden = x.shape[1]
-    check_tensor("weight", weight, (hidden,), ACTIVATION_DTYPES, x.device)
-    if group_size <= 0 or hidden % group_size:
-        raise ValueError(f"group_size must divide the hidden size {hidden}, got {group_size}")
+    check_tensor("weight", norm.weight, (hidden,), ACTIVATION_DTYPES, x.device)
+    if norm.group_size <= 0 or hidden % norm.group_size:
+        raise ValueError(f"group_size must divide the hidden size {hidden}, got {norm.group_size}")
     if z is not None:
         _check_rows("z", z, x)
     if out is not None:
@@ -72,7 +72,8 @@ def group_rms_norm(
 ) -> torch.Tensor:
     """Normalises each group of ``group_size`` channels; gates with silu(z) first if given.
     Writes into ``out`` when given (``x`` itself is allowed) and returns it."""
-    check_group(x, weight, group_size, z, out)
+    norm = GroupNorm(weight, group_size, eps)
+    check_group(x, norm, z, out)
     if not use_triton(x):
-        return group_rms_norm_cpu(x, weight, group_size, eps, z, out)
-    return kernel.launch_group(x, weight, group_size, eps, z, out)
+        return group_rms_norm_cpu(x, norm, z, out)
+    return kernel.launch_group(x, norm, z, out)

@@ -7,23 +7,15 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
+
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr,
-    res_ptr,
-    w_ptr,
-    out_ptr,
-    res_out_ptr,
-    n_cols,
-    eps,
-    x_row,
-    res_row,
-    out_row,
-    res_out_row,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+    x_row, res_row, out_row, res_out_row,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -40,18 +32,9 @@ def _rms_norm_kernel(
 
 @triton.jit
 def _group_rms_norm_kernel(
-    x_ptr,
-    z_ptr,
-    w_ptr,
-    out_ptr,
-    group_size,
-    eps,
-    x_row,
-    z_row,
-    out_row,
-    HAS_Z: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    x_ptr, z_ptr, w_ptr, out_ptr, group_size, eps, x_row, z_row, out_row,
+    HAS_Z: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * group_size + tl.arange(0, BLOCK)
     ok = tl.arange(0, BLOCK) < group_size
@@ -65,10 +48,7 @@ def _group_rms_norm_kernel(
 
 
 def launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Launches the row kernel; no argument checks (the interface checks)."""
     out = torch.empty_like(x)
@@ -78,31 +58,16 @@ def launch(
     if n_rows:
         block = triton.next_power_of_2(n_cols)
         _rms_norm_kernel[(n_rows,)](
-            x,
-            res,
-            weight,
-            out,
-            res_out,
-            n_cols,
-            eps,
-            x.stride(0),
-            res.stride(0),
-            out.stride(0),
-            res_out.stride(0),
-            HAS_RESIDUAL=residual is not None,
-            BLOCK=block,
+            x, res, weight, out, res_out, n_cols, eps,
+            x.stride(0), res.stride(0), out.stride(0), res_out.stride(0),
+            HAS_RESIDUAL=residual is not None, BLOCK=block,
             num_warps=min(16, max(1, block // 512)),
-        )
+        )  # fmt: skip
     return (out, res_out) if residual is not None else out
 
 
 def launch_group(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    group_size: int,
-    eps: float,
-    z: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
+    x: torch.Tensor, norm: GroupNorm, z: torch.Tensor | None = None, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Launches the group kernel; no argument checks (the interface and the decode plan
     check)."""
@@ -110,20 +75,11 @@ def launch_group(
     if out is None:
         out = torch.empty_like(x)
     if x.shape[0]:
-        block = triton.next_power_of_2(group_size)
+        block = triton.next_power_of_2(norm.group_size)
         zz = z if z is not None else x
-        _group_rms_norm_kernel[(x.shape[0], hidden // group_size)](
-            x,
-            zz,
-            weight,
-            out,
-            group_size,
-            eps,
-            x.stride(0),
-            zz.stride(0),
-            out.stride(0),
-            HAS_Z=z is not None,
-            BLOCK=block,
-            num_warps=min(8, max(1, block // 256)),
-        )
+        _group_rms_norm_kernel[(x.shape[0], hidden // norm.group_size)](
+            x, zz, norm.weight, out, norm.group_size, norm.eps,
+            x.stride(0), zz.stride(0), out.stride(0),
+            HAS_Z=z is not None, BLOCK=block, num_warps=min(8, max(1, block // 256)),
+        )  # fmt: skip
     return out

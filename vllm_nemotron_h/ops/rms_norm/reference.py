@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
+
 
 def _normalised(v: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return v / torch.sqrt((v * v).mean() + eps) * w
 
 
 def rms_norm_reference(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Same arguments and results as ``rms_norm`` (see interface.py)."""
     if residual is not None:
@@ -28,20 +27,16 @@ def rms_norm_reference(
 
 
 def group_rms_norm_reference(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    group_size: int,
-    eps: float,
-    z: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
+    x: torch.Tensor, norm: GroupNorm, z: torch.Tensor | None = None, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Same arguments and result as ``group_rms_norm`` (see interface.py)."""
-    xs, w = x.detach().cpu().double(), weight.detach().cpu().double()
+    """Same result as ``group_rms_norm`` (see interface.py)."""
+    xs, w = x.detach().cpu().double(), norm.weight.detach().cpu().double()
+    group_size = norm.group_size
     if z is not None:
         xs = xs * torch.nn.functional.silu(z.detach().cpu().double())
     result = torch.empty_like(xs)
     for r in range(x.shape[0]):
         for start in range(0, x.shape[1], group_size):
             group = slice(start, start + group_size)
-            result[r, group] = _normalised(xs[r, group], w[group], eps)
+            result[r, group] = _normalised(xs[r, group], w[group], norm.eps)
     return out.copy_(result) if out is not None else result.to(x.device, x.dtype)

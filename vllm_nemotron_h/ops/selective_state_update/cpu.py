@@ -5,43 +5,35 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.state_format import dequantize, quantize
 
 
 def selective_state_update_cpu(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    z: torch.Tensor | None,
-    state_slots: torch.Tensor | None,
-    null_slot: int,
-    out: torch.Tensor,
-    state_scale: torch.Tensor | None = None,
+    state: torch.Tensor, state_scale: torch.Tensor | None, step: StateUpdateStep
 ) -> torch.Tensor:
-    """Same arguments and effects as the interface's ``selective_state_update`` (``out``
-    given); no checks."""
+    """Same effects as the interface's ``selective_state_update`` (``step.out`` given); no
+    checks."""
+    x, z, out = step.x, step.z, step.out
     batch, nheads, head_dim = x.shape
-    heads_per_group = nheads // B.shape[1]
-    slots = state_slots if state_slots is not None else torch.arange(batch, device=x.device)
-    live = slots != null_slot
+    heads_per_group = nheads // step.B.shape[1]
+    slots = step.state_slots
+    if slots is None:
+        slots = torch.arange(batch, device=x.device)
+    live = slots != step.null_slot
     idx = slots[live]
     s = state[idx].float() if state_scale is None else dequantize(state[idx], state_scale[idx])
-    dt_f = torch.nn.functional.softplus(dt[live].float() + dt_bias)  # (n, h)
-    Bh = B[live].float().repeat_interleave(heads_per_group, dim=1)  # (n, h, d_state)
-    Ch = C[live].float().repeat_interleave(heads_per_group, dim=1)
+    dt_f = torch.nn.functional.softplus(step.dt[live].float() + step.dt_bias)  # (n, h)
+    Bh = step.B[live].float().repeat_interleave(heads_per_group, dim=1)  # (n, h, d_state)
+    Ch = step.C[live].float().repeat_interleave(heads_per_group, dim=1)
     xf = x[live].float()
-    decay = torch.exp(A * dt_f)[..., None, None]
+    decay = torch.exp(step.A * dt_f)[..., None, None]
     s = s * decay + (dt_f[..., None] * xf)[..., None] * Bh[:, :, None, :]
     if state_scale is None:
         state[idx] = s.to(state.dtype)
     else:
         state[idx], state_scale[idx] = quantize(s)
-    y = (s * Ch[:, :, None, :]).sum(-1) + D[:, None] * xf
+    y = (s * Ch[:, :, None, :]).sum(-1) + step.D[:, None] * xf
     if z is not None:
         y = y * torch.nn.functional.silu(z[live].float())
     out.zero_()

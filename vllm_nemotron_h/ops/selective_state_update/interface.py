@@ -27,37 +27,29 @@ Supported: ops/support.py (head_dim, d_state ranges; ngroups dividing nheads).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from vllm_nemotron_h.ops import launch_config as configs
 from vllm_nemotron_h.ops.selective_state_update import kernel
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.selective_state_update.cpu import selective_state_update_cpu
 from vllm_nemotron_h.ops.support import (
     ACTIVATION_DTYPES,
+    ANY_STATE_DTYPES,
     D_STATE_RANGE,
     HEAD_DIM_RANGE,
     QUANTIZED_STATE_DTYPES,
-    STATE_DTYPES,
     check_range,
     check_slots,
     check_tensor,
     use_triton,
 )
 
-
-@configs.cached
-def launch_config(
-    device: torch.device,
-    head_dim: int,
-    d_state: int,
-    state_dtype: torch.dtype,
-    batch_heads: int,
-    group_rows: int,
-) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) of one launch, from the device's table."""
-    return configs.plane_tile_config(
-        "selective_state_update", device, head_dim, d_state, state_dtype, batch_heads, group_rows
-    )
+# (BLOCK_M, num_warps) of one launch from the device's table: launch_config(device, head_dim,
+# d_state, state_dtype, batch x heads, rows per group).
+launch_config = functools.partial(configs.plane_tile_config, "selective_state_update")
 
 
 def check_state_scale(
@@ -76,30 +68,40 @@ def check_state_scale(
         )
 
 
-def check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out, state_scale=None) -> None:
+def check(state: torch.Tensor, step: StateUpdateStep, state_scale: torch.Tensor | None) -> None:
     """Raises ValueError naming the first argument that does not fit."""
-    check_tensor("x", x, (None, None, None), ACTIVATION_DTYPES)
-    batch, nheads, head_dim = x.shape
-    dev = x.device
-    dtypes = STATE_DTYPES + QUANTIZED_STATE_DTYPES
-    check_tensor("state", state, (None, nheads, head_dim, None), dtypes, dev, True)
+    check_tensor("x", step.x, (None, None, None), ACTIVATION_DTYPES)
+    batch, nheads, head_dim = step.x.shape
+    dev = step.x.device
+    check_tensor("state", state, (None, nheads, head_dim, None), ANY_STATE_DTYPES, dev, True)
     check_state_scale(state, state_scale)
-    d_state = state.shape[-1]
     check_range("head_dim", head_dim, HEAD_DIM_RANGE)
+    check_step(step, state.shape[-1])
+
+
+def check_step(
+    step: StateUpdateStep, d_state: int, ngroups: int | None = None, unit_last_stride=False
+) -> None:
+    """Raises ValueError naming the first of the step's tensors that does not fit x's batch
+    and heads, ``d_state`` and ``ngroups`` (B's when None); B, C, z and out contiguous in
+    their last dimension with ``unit_last_stride``."""
+    batch, nheads, head_dim = step.x.shape
+    dev = step.x.device
     check_range("d_state", d_state, D_STATE_RANGE)
-    check_tensor("dt", dt, (batch, nheads), ACTIVATION_DTYPES, dev)
-    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+    check_tensor("dt", step.dt, (batch, nheads), ACTIVATION_DTYPES, dev)
+    for name, t in (("A", step.A), ("D", step.D), ("dt_bias", step.dt_bias)):
         check_tensor(name, t, (nheads,), (torch.float32,), dev)
-    check_tensor("B", B, (batch, None, d_state), ACTIVATION_DTYPES, dev)
-    ngroups = B.shape[1]
+    check_tensor("B", step.B, (batch, ngroups, d_state), ACTIVATION_DTYPES, dev, unit_last_stride)
+    ngroups = step.B.shape[1]
     if ngroups == 0 or nheads % ngroups:
         raise ValueError(f"B.shape[1] (ngroups={ngroups}) must divide nheads={nheads}")
-    check_tensor("C", C, (batch, ngroups, d_state), ACTIVATION_DTYPES, dev)
-    if z is not None:
-        check_tensor("z", z, (batch, nheads, head_dim), ACTIVATION_DTYPES, dev)
-    if out is not None:
-        check_tensor("out", out, (batch, nheads, head_dim), ACTIVATION_DTYPES, dev)
-    check_slots(state_slots, batch, dev)
+    check_tensor("C", step.C, (batch, ngroups, d_state), ACTIVATION_DTYPES, dev, unit_last_stride)
+    per_row = (batch, nheads, head_dim)
+    if step.z is not None:
+        check_tensor("z", step.z, per_row, ACTIVATION_DTYPES, dev, unit_last_stride)
+    if step.out is not None:
+        check_tensor("out", step.out, per_row, ACTIVATION_DTYPES, dev, unit_last_stride)
+    check_slots(step.state_slots, batch, dev)
 
 
 def selective_state_update(
@@ -121,7 +123,8 @@ def selective_state_update(
     """Advances ``state`` by one token in place and returns ``out`` (see module doc).
     ``config`` = (BLOCK_M, num_warps) overrides the device's launch table; ``state_scale``
     holds the per-row scales of an int8 ``state`` (updated in place with it)."""
-    check(state, x, dt, A, B, C, D, dt_bias, z, state_slots, out, state_scale)
+    step = StateUpdateStep(x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out)
+    check(state, step, state_scale)
     batch, nheads, head_dim = x.shape
     group_rows = nheads // B.shape[1] * head_dim
     if config is not None and group_rows % config[0]:
@@ -129,15 +132,10 @@ def selective_state_update(
             f"config BLOCK_M={config[0]} must divide heads per group x head_dim = {group_rows}"
         )
     if out is None:
-        out = torch.empty_like(x)
+        step.out = torch.empty_like(x)
     if not use_triton(x):
-        return selective_state_update_cpu(
-            state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out, state_scale
-        )
+        return selective_state_update_cpu(state, state_scale, step)
     block_m, num_warps = config or launch_config(
         x.device, head_dim, state.shape[-1], state.dtype, batch * nheads, group_rows
     )
-    return kernel.launch(
-        state, x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out, block_m, num_warps,
-        state_scale,
-    )  # fmt: skip
+    return kernel.launch(state, state_scale, step, block_m, num_warps)

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.triton_helpers import (
     load_state_tile,
     plane_tile,
@@ -102,76 +103,29 @@ def _selective_state_update_kernel(
 
 def launch(
     state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    z: torch.Tensor | None,
-    state_slots: torch.Tensor | None,
-    null_slot: int,
-    out: torch.Tensor,
+    state_scale: torch.Tensor | None,
+    step: StateUpdateStep,
     block_m: int,
     num_warps: int,
-    state_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launches the kernel; no argument checks (the interface and the decode plan check).
-    ``state_scale`` holds the per-row scales of an int8 ``state``."""
+    """Launches the kernel (``step.out`` given); no argument checks (the interface and the
+    decode plan check). ``state_scale`` holds the per-row scales of an int8 ``state``."""
+    x, z, out = step.x, step.z, step.out
     batch, nheads, head_dim = x.shape
-    group_rows = nheads // B.shape[1] * head_dim
     if batch == 0:
         return out
     d_state = state.shape[-1]
     zz = z if z is not None else x
-    scale = state_scale if state_scale is not None else A.view(1, 1, -1)
-    grid = (nheads * head_dim // block_m, batch)
-    _selective_state_update_kernel[grid](
-        state,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        dt_bias,
-        zz,
-        out,
-        state_slots if state_slots is not None else x,
-        scale,
-        null_slot,
-        d_state,
-        group_rows,
-        state.stride(0),
-        state.stride(1),
-        state.stride(2),
-        x.stride(0),
-        x.stride(1),
-        x.stride(2),
-        dt.stride(0),
-        dt.stride(1),
-        B.stride(0),
-        B.stride(1),
-        B.stride(2),
-        C.stride(0),
-        C.stride(1),
-        C.stride(2),
-        zz.stride(0),
-        zz.stride(1),
-        zz.stride(2),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        scale.stride(0),
-        scale.stride(1),
-        scale.stride(2),
-        HEAD_DIM=head_dim,
-        QUANTIZED=state_scale is not None,
-        HAS_Z=z is not None,
-        HAS_SLOTS=state_slots is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=triton.next_power_of_2(d_state),
+    scale = state_scale if state_scale is not None else step.A.view(1, 1, -1)
+    slots = step.state_slots
+    _selective_state_update_kernel[(nheads * head_dim // block_m, batch)](
+        state, x, step.dt, step.A, step.B, step.C, step.D, step.dt_bias, zz, out,
+        slots if slots is not None else x, scale,
+        step.null_slot, d_state, nheads // step.B.shape[1] * head_dim,
+        *state.stride()[:3], *x.stride(), *step.dt.stride(), *step.B.stride(), *step.C.stride(),
+        *zz.stride(), *out.stride(), *scale.stride(),
+        HEAD_DIM=head_dim, QUANTIZED=state_scale is not None, HAS_Z=z is not None,
+        HAS_SLOTS=slots is not None, BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state),
         num_warps=num_warps,
-    )
+    )  # fmt: skip
     return out

@@ -5,31 +5,22 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.state_format import dequantize, quantize
 
 
 def selective_state_update_reference(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    z: torch.Tensor | None = None,
-    state_slots: torch.Tensor | None = None,
-    null_slot: int = -1,
-    out: torch.Tensor | None = None,
-    state_scale: torch.Tensor | None = None,
+    state: torch.Tensor, step: StateUpdateStep, state_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Same arguments and effects as ``selective_state_update`` (see interface.py)."""
-    batch, nheads, head_dim = x.shape
-    heads_per_group = nheads // B.shape[1]
-    f64 = [t.detach().cpu().double() if t is not None else None for t in (x, dt, A, B, C, D)]
+    """Same effects as ``selective_state_update`` (see interface.py); returns the output
+    (``step.out`` when given)."""
+    batch, nheads, head_dim = step.x.shape
+    heads_per_group = nheads // step.B.shape[1]
+    f64 = [t.detach().cpu().double() for t in (step.x, step.dt, step.A, step.B, step.C, step.D)]
     xs, dts, As, Bs, Cs, Ds = f64
-    zs = z.detach().cpu().double() if z is not None else None
-    bias = dt_bias.detach().cpu().double()
+    zs = step.z.detach().cpu().double() if step.z is not None else None
+    bias = step.dt_bias.detach().cpu().double()
+    state_slots, null_slot = step.state_slots, step.null_slot
     y = torch.zeros(batch, nheads, head_dim, dtype=torch.float64)
     group = torch.arange(nheads) // heads_per_group  # the group of each head
     for b in range(batch):
@@ -53,6 +44,5 @@ def selective_state_update_reference(
         y[b] = (s * Ch[:, None, :]).sum(-1) + Ds[:, None] * xs[b]
         if zs is not None:
             y[b] *= torch.nn.functional.silu(zs[b])
-    if out is None:
-        out = torch.empty_like(x)
+    out = step.out if step.out is not None else torch.empty_like(step.x)
     return out.copy_(y)
