@@ -68,9 +68,9 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
             # up to 128 rows whatever the state.
             max_rows = max(64 * 4 // sdt.itemsize, 128 if kernel == "mamba2_decode" else 0)
             cfgs = [(bm, w) for bm in tiles for w in warps if bm <= max_rows]
-            if kernel == "deferred_state_update":  # row blocks of one head
+            if kernel == "deferred_state_update":  # a head per program, in tiles of rows
                 cfgs = [
-                    (bm, w) for bm in (16, 32, 64, 128) if shape.head_dim % bm == 0 for w in warps
+                    (bm, w) for bm in (8, 16, 32, 64) if shape.head_dim % bm == 0 for w in warps
                 ]
                 call = lambda cfg: dsu.ours(dsu.inputs(shape, batch, sdt), cfg)  # noqa: E731
                 nbytes = int(dsu.nbytes(shape, batch, sdt))

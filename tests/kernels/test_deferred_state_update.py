@@ -111,6 +111,30 @@ def test_every_ring_position_matches_reference(device, state_dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_m", [4, 8, 16, 32, 64])
+def test_every_tile_size(device, block_m):
+    """A program walks its head in tiles of BLOCK_M rows (head_dim 80: five of 16): one
+    step at random ring lengths, the rows that write back included, against the reference."""
+    shapes, act = on(device)
+    for shape in shapes:
+        if shape[1] % block_m:
+            continue
+        t = step_inputs(device, shape, 3, torch.float32, act, 4)
+        want = copy_state(t["state"])
+        ref = deferred_state_update_reference(want, step_of(t))
+        out = deferred_state_update(t["state"], step_of(t), config=(block_m, 4))
+        assert rel_err(out, ref) < TOL[act]
+        assert torch.equal(t["state"].ring_len.cpu(), want.ring_len)
+        assert_checkpoints_close(t["state"], want, TOL[act])
+
+
+def test_tile_not_dividing_head_dim_raises():
+    t = step_inputs("cpu", (4, 80, 16, 2), 2, torch.float32, torch.float32, 4)
+    with pytest.raises(ValueError, match="BLOCK_M=32 must be a power of two dividing"):
+        deferred_state_update(t["state"], step_of(t), config=(32, 4))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fp32_equals_per_step_update_over_64_steps(device):
     """With an fp32 checkpoint the deferred outputs and, after a flush, the state are the
     per-step update's within fp32 accumulation error."""
@@ -186,8 +210,8 @@ def test_nan_and_corrupt_lengths_stay_in_their_slot(device):
     "change, message",
     [
         (dict(ring_dt=torch.zeros(8, 4, 3)), "ring size"),
-        (dict(ring_len=torch.zeros(8, 4, 2, dtype=torch.int64)), "ring_len must have dtype"),
-        (dict(ring_len=torch.zeros(8, 4, dtype=torch.int32)), "ring_len must have shape"),
+        (dict(ring_len=torch.zeros(8, 4, dtype=torch.int64)), "ring_len must have dtype"),
+        (dict(ring_len=torch.zeros(8, 4, 2, dtype=torch.int32)), "ring_len must have shape"),
         (dict(ring_B=torch.zeros(8, 3, 8, 16)), "ngroups dividing nheads"),
         (dict(ring_x=torch.zeros(8, 4, 4, 32)), "ring_x must have shape"),
         (dict(checkpoint_scale=torch.zeros(8, 4, 32)), "only"),

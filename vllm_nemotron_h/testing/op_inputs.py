@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_nemotron_h.ops.deferred_state_update.layout import LEN_ROWS, DeferredState
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState
 from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
 from vllm_nemotron_h.ops.state_format import quantize
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
@@ -217,10 +217,7 @@ class LayerCase:
             ring_x=draw.normal(num_slots, s.nheads, L, s.head_dim, dtype=self.act),
             ring_dt=draw.normal(num_slots, s.nheads, L).abs() * 0.5,
             ring_B=draw.normal(num_slots, s.ngroups, L, s.d_state, dtype=self.act),
-            ring_len=lengths[..., None]
-            .expand(num_slots, s.nheads, s.head_dim // LEN_ROWS)
-            .to(torch.int32)
-            .contiguous(),
+            ring_len=lengths.expand(num_slots, s.nheads).to(torch.int32).contiguous(),
         )
         return t
 

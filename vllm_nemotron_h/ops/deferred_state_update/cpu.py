@@ -21,7 +21,7 @@ def deferred_state_update_cpu(state: DeferredState, step: StateUpdateStep | Ring
     hpg = nheads // state.ring_B.shape[1]
     live = state_slots != step.null_slot
     idx = state_slots[live]
-    n = state.ring_len[idx].amax(-1).long().clamp(0, L - 1)  # (m, nheads)
+    n = state.ring_len[idx].long().clamp(0, L - 1)  # (m, nheads)
     ks = torch.arange(L)
     in_ring = ks < n[..., None]  # (m, nheads, L)
     now = ks == n[..., None]
@@ -76,4 +76,4 @@ def deferred_state_update_cpu(state: DeferredState, step: StateUpdateStep | Ring
         groups = heads // hpg
         state.ring_B[idx[rows], groups, pos] = step.B[live][rows, groups].to(state.ring_B.dtype)
     new_len = torch.where(flush, 0, n + 1).to(torch.int32)
-    state.ring_len[idx] = new_len[..., None].expand(-1, -1, state.ring_len.shape[-1])
+    state.ring_len[idx] = new_len

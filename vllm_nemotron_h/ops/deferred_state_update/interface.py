@@ -28,6 +28,7 @@ Supported: ops/support.py (head_dim, d_state, ring sizes; ngroups dividing nhead
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -35,12 +36,7 @@ import torch
 from vllm_nemotron_h.ops import launch_config as configs
 from vllm_nemotron_h.ops.deferred_state_update import kernel
 from vllm_nemotron_h.ops.deferred_state_update.cpu import deferred_state_update_cpu
-from vllm_nemotron_h.ops.deferred_state_update.layout import (
-    LEN_ROWS,
-    DeferredState,
-    RingFlush,
-    ring_shapes,
-)
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, RingFlush, ring_shapes
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.selective_state_update.interface import check_state_scale, check_step
 from vllm_nemotron_h.ops.support import (
@@ -54,24 +50,16 @@ from vllm_nemotron_h.ops.support import (
     use_triton,
 )
 
-
-@configs.cached
-def launch_config(
-    device: torch.device, head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int
-) -> tuple[int, int]:
-    """(BLOCK_M rows of a head per program, num_warps), from the device's table."""
-    block_m, num_warps = configs.plane_tile_config(
-        "deferred_state_update", device, head_dim, d_state, state_dtype, batch_heads, head_dim
-    )
-    return max(block_m, LEN_ROWS), num_warps
+# (BLOCK_M rows of a head per tile, num_warps) from the device's table:
+# launch_config(device, head_dim, d_state, state_dtype, batch x heads, head_dim).
+launch_config = functools.partial(configs.plane_tile_config, "deferred_state_update")
 
 
 def check_config(config: tuple[int, int], head_dim: int) -> None:
     block_m = config[0]
-    if block_m % LEN_ROWS or head_dim % block_m:
+    if block_m <= 0 or block_m & (block_m - 1) or head_dim % block_m:
         raise ValueError(
-            f"config BLOCK_M={block_m} must be a multiple of {LEN_ROWS} dividing "
-            f"head_dim={head_dim}"
+            f"config BLOCK_M={block_m} must be a power of two dividing head_dim={head_dim}"
         )
 
 
@@ -86,10 +74,6 @@ def check_state(state: DeferredState, device: torch.device | None = None) -> Non
     num_slots, nheads, head_dim, d_state = cp.shape
     check_range("head_dim", head_dim, HEAD_DIM_RANGE)
     check_range("d_state", d_state, D_STATE_RANGE)
-    if head_dim % LEN_ROWS:
-        raise ValueError(
-            f"a deferred state needs head_dim a multiple of {LEN_ROWS}, got {head_dim}"
-        )
     check_tensor("state.ring_dt", state.ring_dt, (num_slots, nheads, None), (torch.float32,))
     L = state.ring_size
     if L not in RING_SIZES:
@@ -148,7 +132,7 @@ def deferred_state_update(
         return step.out
     cp = state.checkpoint
     block_m, num_warps = config or launch_config(
-        x.device, head_dim, cp.shape[-1], cp.dtype, batch * nheads
+        x.device, head_dim, cp.shape[-1], cp.dtype, batch * nheads, head_dim
     )
     kernel.launch(state, step, block_m, num_warps)
     return step.out
@@ -173,7 +157,8 @@ def flush_deferred_state(
     if not use_triton(cp):
         deferred_state_update_cpu(state, flush)
         return
+    _, nheads, head_dim, d_state = cp.shape
     block_m, num_warps = config or launch_config(
-        cp.device, cp.shape[2], cp.shape[3], cp.dtype, state_slots.shape[0] * cp.shape[1]
+        cp.device, head_dim, d_state, cp.dtype, state_slots.shape[0] * nheads, head_dim
     )
     kernel.launch(state, flush, block_m, num_warps)

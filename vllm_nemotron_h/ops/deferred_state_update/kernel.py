@@ -1,16 +1,17 @@
 """The Triton kernel of the state update with deferred writes and its launch (no checks): see
 interface.py for the math and layout.py for the state.
 
-One program owns BLOCK_M rows of one head of one sequence (BLOCK_M a multiple of LEN_ROWS
-dividing head_dim): it reads and writes the ring lengths of its own rows (one per LEN_ROWS
-rows), so no program reads a length another one writes. On a step that does not write back,
-a row costs one read of its checkpoint row (and, for an int8 checkpoint, its scale): y is the
-checkpoint decayed over the ring, dotted with C, plus the ring's tokens weighted by their
-decays and B . C. The token joins the ring (x per row; dt per head and B per group, written
-by the head's and the group's first program, read by the others only from the next step
-on). On the step that fills the ring (or with no token: APPEND off) the rows' state is
-rebuilt from the checkpoint and the ring token by token, as the per-step update would have,
-and written back in the checkpoint's format; the ring empties.
+One program owns one head of one sequence. What the head's rows share is loaded and reduced
+once: the ring's dt and its B . C (the group's ring B read once per head, not per row
+block), this token's dt and B, the decays. Then it walks the head's rows in tiles of BLOCK_M:
+on a step that does not write back, a row costs one read of its checkpoint row (and, for an
+int8 checkpoint, its scale) and of its ring x: y is the checkpoint decayed over the ring,
+dotted with C, plus the ring's tokens weighted by their decays and B . C. The token joins
+the ring (x per row; dt per head; B per group, written by the group's first head, read by
+the others only from the next step on). On the step that fills the ring (or with no token:
+APPEND off) the rows' state is rebuilt from the checkpoint and the ring token by token, as
+the per-step update would have, and written back in the checkpoint's format; the ring
+empties. The head's ring length is read and written by its program alone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_nemotron_h.ops.deferred_state_update.layout import LEN_ROWS, DeferredState, RingFlush
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, RingFlush
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.triton_helpers import load_state_tile, softplus, store_state_tile
 
@@ -48,60 +49,51 @@ def _write_back(
 def _deferred_state_update_kernel(
     state_ptr, scale_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, ring_len_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, z_ptr, out_ptr, slots_ptr,
-    null_slot, d_state, group_rows,
+    null_slot, d_state, heads_per_group,
     s_slot, s_head, s_dim, sc_slot, sc_head, rx_slot, rx_head, rx_pos, rdt_slot, rdt_head,
-    rB_slot, rB_group, rB_pos, rl_slot, rl_head,
+    rB_slot, rB_group, rB_pos, rl_slot,
     x_b, x_h, dt_b, dt_h, B_b, B_g, C_b, C_g, z_b, z_h, o_b, o_h,
-    HEAD_DIM: tl.constexpr, RING: tl.constexpr, LEN_ROWS: tl.constexpr,
-    QUANTIZED: tl.constexpr, HAS_Z: tl.constexpr, APPEND: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, RING: tl.constexpr, QUANTIZED: tl.constexpr, HAS_Z: tl.constexpr,
+    APPEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    first_row = tl.program_id(0) * BLOCK_M  # BLOCK_M divides head_dim: one head per program
+    h = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
-    h = (first_row // HEAD_DIM).to(tl.int64)
-    g = first_row // group_rows
+    g = h // heads_per_group
     slot = tl.load(slots_ptr + b)
     ks = tl.arange(0, RING)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < d_state
-    p0 = first_row % HEAD_DIM
-    p = p0 + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
     # Per-element copies of the slot test (a scalar mask breaks the Triton interpreter).
-    live = (p * 0 + slot) != null_slot
+    live = (rows * 0 + slot) != null_slot
     live_k = (ks * 0 + slot) != null_slot
     tile_ok = live[:, None] & col_ok[None, :]
-    # The ring length of this program's rows (one per LEN_ROWS rows; they are all equal).
-    blocks = tl.arange(0, BLOCK_M // LEN_ROWS)
-    len_ptrs = ring_len_ptr + slot * rl_slot + h * rl_head + p0 // LEN_ROWS + blocks
-    len_ok = (blocks * 0 + slot) != null_slot
-    n = tl.max(tl.load(len_ptrs, mask=len_ok, other=0), axis=0)
+    # The head's ring length, read as RING copies of one address (masked per element).
+    len_ptrs = ring_len_ptr + slot * rl_slot + h + ks * 0
+    n = tl.max(tl.load(len_ptrs, mask=live_k, other=0), axis=0)
     n = tl.minimum(tl.maximum(n, 0), RING - 1)  # a corrupt length never reads outside
     in_ring = live_k & (ks < n)
-    now_k = live_k & (ks == n)
-    if not APPEND:
-        keep_k = ks < 0  # every row writes back; nothing joins the ring
+    if APPEND:  # the token joins the ring unless it fills it: then the ring is written back
+        keep_k = live_k & (ks == n) & ((ks * 0 + n) < RING - 1)
+        write_back = n == RING - 1
     else:
-        keep_k = now_k & ((ks * 0 + n) < RING - 1)
+        keep_k = ks < 0
+        write_back = n >= 0
 
-    # Issue the state tile's load first: it is the step's bytes.
-    state_ptrs = state_ptr + slot * s_slot + h * s_head + p[:, None] * s_dim + cols[None, :]
-    scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p
-    s0, row_scale = load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED)
+    # What the head's rows share, loaded and reduced once: the ring's dt, its B . C, the
+    # token's dt and B, the decays.
     ring_dt_ptrs = ring_dt_ptr + slot * rdt_slot + h * rdt_head
-    ring_x_ptrs = ring_x_ptr + slot * rx_slot + h * rx_head + p
     ring_B_ptrs = ring_B_ptr + slot * rB_slot + g * rB_group + cols
+    ring_x_head = ring_x_ptr + slot * rx_slot + h * rx_head
+    state_head = state_ptr + slot * s_slot + h * s_head
+    scale_head = scale_ptr + slot * sc_slot + h * sc_head
     A = tl.load(A_ptr + h)
     dts = tl.load(ring_dt_ptrs + ks, mask=in_ring, other=0.0)
     now_dt = 0.0
-    now_x = tl.zeros([BLOCK_M], dtype=tl.float32)
     now_B = tl.zeros([BLOCK_N], dtype=tl.float32)
     if APPEND:
-        x_in = tl.load(x_ptr + b * x_b + h * x_h + p, mask=live, other=0.0)
-        now_x = x_in.to(tl.float32)
         now_B = tl.load(B_ptr + b * B_b + g * B_g + cols, mask=col_ok, other=0.0).to(tl.float32)
         Cv = tl.load(C_ptr + b * C_b + g * C_g + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if HAS_Z:
-            z = tl.load(z_ptr + b * z_b + h * z_h + p, mask=live, other=0.0).to(tl.float32)
         now_dt = softplus(
             tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
         )
@@ -111,45 +103,49 @@ def _deferred_state_update_kernel(
             mask=in_ring[:, None] & col_ok[None, :],
             other=0.0,
         ).to(tl.float32)
-        x_mask = in_ring[:, None] & live[None, :]
-        xk = tl.load(ring_x_ptrs[None, :] + ks[:, None] * rx_pos, mask=x_mask, other=0.0)
         # y = exp(A sum dt) (checkpoint . C) + sum_k w_k (B_k . C) x_k + this token's terms,
         # w_k = dt_k exp(A x the later tokens' dt).
-        all_dt = tl.sum(dts, axis=0) + now_dt
         after = tl.cumsum(dts, axis=0, reverse=True) - dts + now_dt
         coef = dts * tl.exp(A * after) * tl.sum(Bk * Cv[None, :], axis=1)
-        y = tl.exp(A * all_dt) * row_scale * tl.sum(s0.to(tl.float32) * Cv[None, :], axis=1)
-        y += tl.sum(coef[:, None] * xk.to(tl.float32), axis=0)
-        y += (now_dt * tl.sum(now_B * Cv, axis=0) + D) * now_x
-        if HAS_Z:
-            y = y * z * tl.sigmoid(z)
-        y = tl.where(live, y, 0.0)
-        tl.store(out_ptr + b * o_b + h * o_h + p, y.to(out_ptr.dtype.element_ty))
-        # This token joins the ring: x per row, dt per head, B per group (by the head's and
-        # the group's first program; the others read an entry only from the next step on).
-        kept = (p * 0 + tl.sum(keep_k.to(tl.int32), axis=0)) != 0
-        x_new = x_in.to(ring_x_ptr.dtype.element_ty)
-        tl.store(ring_x_ptrs + n * rx_pos, x_new, mask=live & kept)
-        head_first = (ks * 0 + p0) == 0
-        tl.store(ring_dt_ptrs + ks, now_dt + ks * 0.0, mask=keep_k & head_first)
-        group_first = (ks * 0 + first_row % group_rows) == 0
-        B_mask = (keep_k & group_first)[:, None] & col_ok[None, :]
+        decay = tl.exp(A * (tl.sum(dts, axis=0) + now_dt))
+        now_coef = now_dt * tl.sum(now_B * Cv, axis=0) + D
+        # The head's dt joins the ring here; B by the group's first head (the others read
+        # an entry only from the next step on).
+        tl.store(ring_dt_ptrs + ks, now_dt + ks * 0.0, mask=keep_k)
+        B_mask = (keep_k & ((ks * 0 + h % heads_per_group) == 0))[:, None] & col_ok[None, :]
         B_ptrs = ring_B_ptrs[None, :] + ks[:, None] * rB_pos
         tl.store(B_ptrs, (now_B[None, :] + Bk * 0.0).to(ring_B_ptr.dtype.element_ty), mask=B_mask)
-    if not APPEND:
-        _write_back(
-            state_ptrs, scale_ptrs, s0.to(tl.float32), row_scale, n, A, ring_dt_ptrs,
-            ring_x_ptrs, rx_pos, ring_B_ptrs, rB_pos, now_dt, now_x, now_B, col_ok, tile_ok,
-            live, QUANTIZED, APPEND,
-        )  # fmt: skip
-    elif n == RING - 1:
-        _write_back(
-            state_ptrs, scale_ptrs, s0.to(tl.float32), row_scale, n, A, ring_dt_ptrs,
-            ring_x_ptrs, rx_pos, ring_B_ptrs, rB_pos, now_dt, now_x, now_B, col_ok, tile_ok,
-            live, QUANTIZED, APPEND,
-        )  # fmt: skip
+
+    for first in tl.static_range(0, HEAD_DIM, BLOCK_M):
+        p = first + rows
+        state_ptrs = state_head + p[:, None] * s_dim + cols[None, :]
+        scale_ptrs = scale_head + p
+        s0, row_scale = load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED)
+        ring_x_ptrs = ring_x_head + p
+        now_x = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if APPEND:
+            x_in = tl.load(x_ptr + b * x_b + h * x_h + p, mask=live, other=0.0)
+            now_x = x_in.to(tl.float32)
+            x_mask = in_ring[:, None] & live[None, :]
+            xk = tl.load(ring_x_ptrs[None, :] + ks[:, None] * rx_pos, mask=x_mask, other=0.0)
+            y = decay * row_scale * tl.sum(s0.to(tl.float32) * Cv[None, :], axis=1)
+            y += tl.sum(coef[:, None] * xk.to(tl.float32), axis=0) + now_coef * now_x
+            if HAS_Z:
+                z = tl.load(z_ptr + b * z_b + h * z_h + p, mask=live, other=0.0).to(tl.float32)
+                y = y * z * tl.sigmoid(z)
+            y = tl.where(live, y, 0.0)
+            tl.store(out_ptr + b * o_b + h * o_h + p, y.to(out_ptr.dtype.element_ty))
+            kept = (rows * 0 + tl.sum(keep_k.to(tl.int32), axis=0)) != 0
+            x_new = x_in.to(ring_x_ptr.dtype.element_ty)
+            tl.store(ring_x_ptrs + n * rx_pos, x_new, mask=live & kept)
+        if write_back:
+            _write_back(
+                state_ptrs, scale_ptrs, s0.to(tl.float32), row_scale, n, A, ring_dt_ptrs,
+                ring_x_ptrs, rx_pos, ring_B_ptrs, rB_pos, now_dt, now_x, now_B, col_ok, tile_ok,
+                live, QUANTIZED, APPEND,
+            )  # fmt: skip
     new_len = tl.sum(tl.where(keep_k, n + 1, 0), axis=0)  # the lane at n: n + 1 if kept
-    tl.store(len_ptrs, blocks * 0 + new_len, mask=len_ok)
+    tl.store(len_ptrs, new_len + ks * 0, mask=live_k & (ks == 0))
 
 
 def launch(
@@ -175,16 +171,15 @@ def launch(
         dt = state.ring_dt[:batch, :, 0]
         B = C = state.ring_B[:batch, :, 0]
         D = dt_bias = step.A
-    _deferred_state_update_kernel[(nheads * head_dim // block_m, batch)](
+    _deferred_state_update_kernel[(nheads, batch)](
         cp, scale, state.ring_x, state.ring_dt, state.ring_B, state.ring_len,
         x, dt, step.A, B, C, D, dt_bias, z, out, slots,
-        step.null_slot, d_state, nheads // state.ring_B.shape[1] * head_dim,
+        step.null_slot, d_state, nheads // state.ring_B.shape[1],
         *cp.stride()[:3], *scale.stride()[:2], *state.ring_x.stride()[:3],
-        *state.ring_dt.stride()[:2], *state.ring_B.stride()[:3], *state.ring_len.stride()[:2],
+        *state.ring_dt.stride()[:2], *state.ring_B.stride()[:3], state.ring_len.stride(0),
         *x.stride()[:2], *dt.stride(), *B.stride()[:2], *C.stride()[:2], *z.stride()[:2],
         *out.stride()[:2],
-        HEAD_DIM=head_dim, RING=state.ring_size, LEN_ROWS=LEN_ROWS,
-        QUANTIZED=state.checkpoint_scale is not None, HAS_Z=append and step.z is not None,
-        APPEND=append, BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state),
-        num_warps=num_warps,
+        HEAD_DIM=head_dim, RING=state.ring_size, QUANTIZED=state.checkpoint_scale is not None,
+        HAS_Z=append and step.z is not None, APPEND=append, BLOCK_M=block_m,
+        BLOCK_N=triton.next_power_of_2(d_state), num_warps=num_warps,
     )  # fmt: skip

@@ -7,8 +7,7 @@ For slot ``s`` and head ``h``, with ``n`` tokens in the ring (0 <= n < L)::
             state <- state * exp(A[h] * ring_dt[s, h, k]) + ring_dt[s, h, k] * x_k (x) B_k
     x_k = ring_x[s, h, k], B_k = ring_B[s, g, k] (g the head's group)
 
-``ring_len[s, h]`` holds n once per LEN_ROWS rows of the head (all equal: the kernels
-write them together; each kernel program reads and writes only its own rows' lengths).
+``ring_len[s, h]`` holds n (the kernel's program of head h reads and writes it alone).
 ``ring_dt`` holds softplus(dt + dt_bias), the step size the per-step update computes; x and B
 are kept in the activation dtype they arrive in, so the ring loses nothing. The checkpoint
 is in the layer's state format (fp32 / bf16 / fp16, or int8 with an fp32 scale per row,
@@ -22,8 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-LEN_ROWS = 16  # rows of a head per ring length: head_dim must be a multiple
-
 
 @dataclass(frozen=True)
 class DeferredState:
@@ -34,7 +31,7 @@ class DeferredState:
     ring_x: torch.Tensor  # (num_slots, nheads, L, head_dim), activation dtype
     ring_dt: torch.Tensor  # (num_slots, nheads, L) fp32
     ring_B: torch.Tensor  # (num_slots, ngroups, L, d_state), activation dtype
-    ring_len: torch.Tensor  # (num_slots, nheads, head_dim // LEN_ROWS) int32
+    ring_len: torch.Tensor  # (num_slots, nheads) int32
 
     @property
     def ring_size(self) -> int:
@@ -60,7 +57,7 @@ def ring_shapes(
         (nheads, ring_size, head_dim),
         (nheads, ring_size),
         (ngroups, ring_size, d_state),
-        (nheads, head_dim // LEN_ROWS),
+        (nheads,),
     )
 
 

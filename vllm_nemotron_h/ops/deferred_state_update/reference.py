@@ -31,9 +31,8 @@ def _state_now(state: DeferredState, slot: int, h: int, g: int, A: float) -> tor
 
 
 def ring_length(state: DeferredState, slot: int, h: int) -> int:
-    """The head's ring length (its rows' lengths are equal; the largest, clamped to the ring,
-    as the kernel reads them)."""
-    return min(max(int(state.ring_len[slot, h].max()), 0), state.ring_size - 1)
+    """The head's ring length, clamped to the ring as the kernel reads it."""
+    return min(max(int(state.ring_len[slot, h]), 0), state.ring_size - 1)
 
 
 def _write_back(state: DeferredState, slot: int, h: int, s: torch.Tensor) -> None:
