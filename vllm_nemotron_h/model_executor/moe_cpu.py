@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vllm_nemotron_h.model_executor.custom_ops import PluginRMSNorm
 from vllm_nemotron_h.vllm_boundary.layers import (
     GateLinear,
     NemotronHMLP,
     NemotronHMoEDecoderLayer,
+    RMSNorm,
     all_reduce,
     bare_module_init,
     tensor_parallel_size,
@@ -140,4 +140,4 @@ class CpuNemotronHMoEDecoderLayer(NemotronHMoEDecoderLayer):
         bare_module_init(self)  # vLLM's __init__ would build the FusedMoE CPU refuses
         self.config = config
         self.mixer = CpuNemotronHMoE(config, quant_config, parallel_config, f"{prefix}.mixer")
-        self.norm = PluginRMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)

