@@ -101,4 +101,12 @@ def test_engine_log_says_what_runs(server):
     lines = [line for line in log.splitlines() if "serves NemotronHForCausalLM" in line]
     assert len(lines) == 1, lines
     assert "vllm-nemotron-h " in lines[0] and "INFO" in lines[0]
-    assert "Mamba2 decode on the plugin's" in lines[0] and "SSM state float32" in lines[0]
+    from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
+
+    decode_path = (
+        "vLLM's native CPU conv and state-update ops"
+        if has_native_decode_ops()
+        else "the plugin's CPU path"
+    )
+    assert f"Mamba2 decode on {decode_path}" in lines[0], lines[0]
+    assert "SSM state float32" in lines[0], lines[0]
