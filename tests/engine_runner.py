@@ -7,10 +7,10 @@ built-in model with VLLM_NEMOTRON_H_DISABLE=1, GPU runs, tensor parallel):
                                     "engine": {"dtype": "float32"}, "logprobs": false,
                                     "jobs": [[[1, 2]], [[3, 4], [5]]], "metrics": true}'
 
-``prompts`` run as one batch (result "tokens"); each entry of ``jobs`` runs afterwards as a
-batch of its own through the same engine (result "jobs"). With "metrics" (and
-``disable_log_stats: false`` among the engine arguments) the engine's counters and gauges
-after all of it come back as "metrics" (e.g. "vllm:num_preemptions").
+``prompts`` run as one batch (result "tokens"; ``max_tokens`` may be one per prompt); each
+entry of ``jobs`` runs afterwards as a batch of its own through the same engine (result
+"jobs"). With "metrics" (and ``disable_log_stats: false`` among the engine arguments) the
+engine's counters and gauges after all of it come back as "metrics" (e.g. "vllm:num_preemptions").
 """
 
 from __future__ import annotations
@@ -26,17 +26,25 @@ def run(spec: dict) -> dict:
     from vllm_nemotron_h.testing import model_class_name
 
     llm = LLM(model=spec["model"], **spec.get("engine", {}))
-    params = SamplingParams(
-        temperature=0.0,
-        max_tokens=spec.get("max_tokens", 16),
-        ignore_eos=True,
-        logprobs=1 if spec.get("logprobs") else None,
-    )
+    max_tokens = spec.get("max_tokens", 16)
+    # One max_tokens per prompt of the first batch where a list is given (sequences that end
+    # early, so that later prompts join steps in which others decode).
+    counts = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(spec["prompts"])
+
+    def sampling(n: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=n,
+            ignore_eos=True,
+            logprobs=1 if spec.get("logprobs") else None,
+        )
+
+    params = sampling(max(counts))
     prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
     result: dict = {"model_class": llm.apply_model(model_class_name)[0]}
     if spec.get("profile"):
         result["profile"] = profile_decode(llm, prompts[0], params)
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, [sampling(n) for n in counts], use_tqdm=False)
     result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
     if spec.get("text_prompts"):
         outs = llm.generate(spec["text_prompts"], params, use_tqdm=False)

@@ -59,6 +59,11 @@ def random_prompts(n: int, seed: int) -> list[list[int]]:
     return [[1] + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 60))] for _ in range(n)]
 
 
+# Prompts of one token: they join steps in which other sequences decode and take slots that
+# earlier sequences left (the plugin runs such a row as a decode from a zeroed slot).
+ONE_TOKEN = [[1], [5], [260]]
+
+
 def test_batch_invariance_and_slot_reuse(tiny_checkpoint):
     model = tiny_checkpoint("dense")
     probe = encode(model, TEXTS[2:3])
@@ -70,7 +75,7 @@ def test_batch_invariance_and_slot_reuse(tiny_checkpoint):
             prompts=probe,
             max_tokens=24,
             engine=dict(ENGINE, max_num_seqs=4),
-            jobs=[probe + others, many] + [[p] for p in many],
+            jobs=[probe + others + ONE_TOKEN, many] + [[p] for p in many],
         )
     )
     alone, in_batch, together = res["tokens"][0], res["jobs"][0][0], res["jobs"][1]
@@ -78,6 +83,8 @@ def test_batch_invariance_and_slot_reuse(tiny_checkpoint):
     singles = [job[0] for job in res["jobs"][2:]]
     # 50 requests through 4 slots: every slot is reused many times.
     assert together == singles
+    one_token = res["jobs"][0][-len(ONE_TOKEN) :]
+    assert one_token == hf_greedy(model, ONE_TOKEN, 24), "one-token prompts in reused slots"
 
 
 def test_prefix_cache_hits_give_reference_tokens(tiny_checkpoint):

@@ -23,10 +23,13 @@ pytestmark = [
 PROMPTS = [
     [1, 17, 301, 44, 9, 250, 77, 12, 5, 98, 411, 3],
     [1, 400, 23],
-    [1],  # a one-token prompt (has broken full-graph decode capture before)
+    [1],  # a one-token prompt
     [1, 88, 91, 17, 260, 33, 470, 12],
 ]
 NEW = 32
+# The first prompt ends early: with two sequences per step, the one-token prompt then joins a
+# step in which the second decodes, one token each, which vLLM runs as a full decode graph.
+MAX_TOKENS = [8, NEW, NEW, NEW]
 ENGINE = dict(
     max_model_len=512,
     gpu_memory_utilization=0.3,
@@ -45,15 +48,24 @@ def reference(checkpoint):
     return hf_greedy(checkpoint, PROMPTS, NEW, device="cuda")
 
 
+def agreement(runs: list[list[int]], reference: list[list[int]]) -> list[int]:
+    """Per prompt, how many tokens equal the reference's before the first difference."""
+    return [
+        next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), len(t))
+        for t, r in zip(runs, reference)
+    ]
+
+
 def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, reference):
     spec = dict(
         model=checkpoint,
         prompts=PROMPTS,
-        max_tokens=NEW,
+        max_tokens=MAX_TOKENS,
         engine=dict(ENGINE, dtype="float32", enforce_eager=True),
     )
     eager = run_engine(dict(spec, profile=True), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    # CUDA graphs with more requests (4) than decode slots captured per graph (max_num_seqs=2).
+    # CUDA graphs with more requests (4) than decode slots captured per graph (max_num_seqs=2);
+    # in this process, so that the steps are the same in every run.
     graphs = run_engine(
         dict(
             spec,
@@ -63,7 +75,8 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
                 max_num_seqs=2,
                 compilation_config={"cudagraph_capture_sizes": [1, 2]},
             ),
-        )
+        ),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )
     builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")
     assert eager["model_class"].startswith("vllm_nemotron_h.")
@@ -74,12 +87,9 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
     # and transformers wherever the built-in does.
     assert eager["tokens"] == builtin["tokens"]
     assert graphs["tokens"] == eager["tokens"]
-    agree = [
-        next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), len(r))
-        for t, r in zip(builtin["tokens"], reference)
-    ]
+    agree = agreement(builtin["tokens"], reference)
     print("tokens equal to transformers before the first difference, per prompt:", agree)
-    assert sum(a == NEW for a in agree) >= len(PROMPTS) - 1
+    assert sum(a == n for a, n in zip(agree, MAX_TOKENS)) >= len(PROMPTS) - 1
     kernels = [row[0] for row in eager["profile"]]
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "decode-profile.json"), "w") as f:
@@ -103,7 +113,7 @@ def test_int8_state_eager_equals_cuda_graphs(checkpoint, reference):
     spec = dict(
         model=checkpoint,
         prompts=PROMPTS,
-        max_tokens=NEW,
+        max_tokens=MAX_TOKENS,
         engine=dict(
             ENGINE,
             dtype="float32",
@@ -114,15 +124,12 @@ def test_int8_state_eager_equals_cuda_graphs(checkpoint, reference):
     eager = run_engine(dict(spec, profile=True), VLLM_ENABLE_V1_MULTIPROCESSING="0")
     graph_engine = dict(spec["engine"], enforce_eager=False, max_num_seqs=2)
     graph_engine["compilation_config"] = {"cudagraph_capture_sizes": [1, 2]}
-    graphs = run_engine(dict(spec, engine=graph_engine))
+    graphs = run_engine(dict(spec, engine=graph_engine), VLLM_ENABLE_V1_MULTIPROCESSING="0")
     assert eager["model_class"].startswith("vllm_nemotron_h.")
     assert graphs["tokens"] == eager["tokens"]
     kernels = [row[0] for row in eager["profile"]]
     assert any("_mamba2_decode_kernel" in k for k in kernels), kernels
-    agree = [
-        next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), len(r))
-        for t, r in zip(eager["tokens"], reference)
-    ]
+    agree = agreement(eager["tokens"], reference)
     print("int8: tokens equal to transformers' fp32 before the first difference:", agree)
 
 
@@ -143,10 +150,7 @@ def test_moe_fp32_matches_builtin_and_transformers(tmp_path):
     assert ours["model_class"].startswith("vllm_nemotron_h.")
     assert ours["tokens"] == builtin["tokens"]
     reference = hf_greedy(ckpt, PROMPTS, NEW, device="cuda")
-    agree = [
-        next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), len(r))
-        for t, r in zip(ours["tokens"], reference)
-    ]
+    agree = agreement(ours["tokens"], reference)
     print("MoE: tokens equal to transformers before the first difference, per prompt:", agree)
     assert sum(a == NEW for a in agree) >= len(PROMPTS) - 1
 

@@ -8,6 +8,11 @@ directly (no per-layer casts). Padded rows hold vLLM's null block, which kernels
 All Mamba layers of a KV-cache group share one builder, hence one tensor per step, and one
 ``DecodePlan`` (the decode tail's workspace and launch table), made with the slot buffer and
 handed to the layers through the metadata.
+
+A prompt's first token, when it is the step's only token of that prompt, runs as a decode
+row (the boundary's builder says which rows): the builder zeroes those rows' slots (conv
+state, SSM state, scales) in every layer of its group before the step, so the decode starts
+from the empty state a prefill would, in eager mode and in a replayed CUDA graph alike.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
+from vllm_nemotron_h.vllm_boundary.layers import mixer_states, mixers_of
 from vllm_nemotron_h.vllm_boundary.metadata import (
     NULL_BLOCK_ID,
     Mamba2AttentionBackend,
@@ -33,6 +39,8 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # int64 slots of the decode rows (a view of the builder's persistent buffer).
     state_slots_d: torch.Tensor | None = None
     decode_plan: DecodePlan | None = None
+    # decode rows that are a prompt's first token (CPU int64; their slots are zeroed first)
+    first_token_rows_d: torch.Tensor | None = None
 
 
 class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
@@ -55,7 +63,16 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             rows = slots.shape[0]
             self.state_slots[:rows].copy_(slots, non_blocking=True)
             metadata.state_slots_d = self.state_slots[:rows]
+            if metadata.first_token_rows_d is not None and len(metadata.first_token_rows_d):
+                self.zero_slots(slots[metadata.first_token_rows_d.to(slots.device)].long())
         return metadata
+
+    def zero_slots(self, slots: torch.Tensor) -> None:
+        """Zeroes ``slots`` (int64) in every state tensor of the group's layers."""
+        for mixer in mixers_of(self.vllm_config, self.layer_names):
+            for state in mixer_states(mixer):
+                if state is not None:
+                    state.index_fill_(0, slots, 0)
 
 
 class StateSlotsMamba2Backend(Mamba2AttentionBackend):

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from vllm.config import get_layers_from_vllm_config
 from vllm.distributed import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
@@ -42,6 +43,7 @@ __all__ = [
     "fp32_head_parameter",
     "mixer_op",
     "mixer_states",
+    "mixers_of",
     "on_cpu",
     "plugin_layers",
     "step_metadata",
@@ -153,6 +155,12 @@ def mixer_states(
     if not is_conv_state_dim_first():
         conv_state = conv_state.transpose(-1, -2)
     return conv_state, ssm_state, ssm_scale
+
+
+def mixers_of(vllm_config: Any, layer_names: list[str]) -> list[MambaMixer2]:
+    """The Mamba2 mixers named ``layer_names`` (a KV-cache group's), from vLLM's registry of
+    layers by name."""
+    return list(get_layers_from_vllm_config(vllm_config, MambaMixer2, layer_names).values())
 
 
 def fp32_head_parameter(heads: int) -> nn.Parameter:

@@ -210,6 +210,22 @@ def _check_metadata() -> None:
     _require(metadata.NULL_BLOCK_ID == 0, f"NULL_BLOCK_ID is {metadata.NULL_BLOCK_ID}, not 0")
 
 
+def _check_first_token_decodes() -> None:
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends import mamba_attn
+
+    from vllm_nemotron_h.vllm_boundary import layers
+
+    _fields(CommonAttentionMetadata, "is_prefilling", "seq_lens_cpu_upper_bound")
+    _require(callable(CommonAttentionMetadata.replace), "CommonAttentionMetadata.replace is gone")
+    source = inspect.getsource(mamba_attn.BaseMambaAttentionMetadataBuilder)
+    _require(
+        "treat_short_extends_as_decodes=False" in source,
+        "the Mamba builder no longer splits decodes from prefills by is_prefilling",
+    )
+    _params(layers.get_layers_from_vllm_config, "vllm_config", "layer_type", "layer_names")
+
+
 def _check_state_spec() -> None:
     from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -425,6 +441,19 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "never: this is where vLLM says which sequence owns which slot",
         _check_metadata,
+    ),
+    Touchpoint(
+        "first-token-decodes",
+        "CommonAttentionMetadata.is_prefilling / seq_lens_cpu_upper_bound / replace, the Mamba "
+        "builder's split by is_prefilling, vllm.config.get_layers_from_vllm_config",
+        "vLLM picks a full CUDA graph by shape, so a step whose rows all have one token replays "
+        "the decode graph even when a row is a prompt's first token, which vLLM's Mamba "
+        "metadata treats as a prefill (the graph then reads that row through a stale slot "
+        "index: a wrong first token, vLLM issue #57720); the builder runs such rows as decodes "
+        "from slots it zeroes in the group's layers",
+        BOTH,
+        "vLLM dispatching full CUDA graphs only for steps without prefilling rows",
+        _check_first_token_decodes,
     ),
     Touchpoint(
         "mamba-state-spec",
