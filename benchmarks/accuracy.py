@@ -18,6 +18,7 @@ Per row:
 
     python benchmarks/accuracy.py                          # CPU or GPU, all formats
     python benchmarks/accuracy.py --formats fp32,bf16 --contexts 512 --windows 8
+    python benchmarks/accuracy.py --formats fp32,fp32-deferred16   # deferred state writes
 
 Writes benchmarks/results/accuracy-<device>.json and .png and docs/accuracy.md.
 """
@@ -47,6 +48,23 @@ FORMATS: dict[str, dict] = {
     "fp16": dict(mamba_ssm_cache_dtype="float16"),
     "int8": dict(additional_config={"nemotron_h": {"ssm_state": "int8"}}),
 }
+DEFAULT_FORMATS = tuple(FORMATS)
+# The same formats with deferred state writes (a ring of 16 tokens; prefix caching off).
+FORMATS.update(
+    {
+        f"{name}-deferred16": dict(
+            args,
+            enable_prefix_caching=False,
+            additional_config={
+                "nemotron_h": {
+                    **args.get("additional_config", {}).get("nemotron_h", {}),
+                    "deferred_state_writes": 16,
+                }
+            },
+        )
+        for name, args in list(FORMATS.items())
+    }
+)
 KL_CONTEXT = 2048
 PROMPT_TOKENS, GREEDY_PROMPTS = 64, 32
 
@@ -231,7 +249,7 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=MODEL)
-    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS), help=f"of {sorted(FORMATS)}")
     ap.add_argument("--contexts", default="512,2048,4096")
     ap.add_argument("--windows", type=int, default=None, help="windows per context (all)")
     ap.add_argument("--kl-windows", type=int, default=8, help="windows of 2048 tokens for KL")

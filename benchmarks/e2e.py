@@ -7,8 +7,10 @@ the median of --repeats runs (their min and max are kept as *_tok_s_range); time
 token is t(1 token) (best of two, median over the repeats). Rows are merged into
 benchmarks/results/e2e-<gpu>.json (keys model, batch, state_dtype, plugin_tok_s,
 builtin_tok_s, ...) and plotted. A tiny preset (e.g. "dense") runs on CPU too (a smoke run).
-State dtype "int8" is the plugin's int8 SSM state (additional_config nemotron_h.ssm_state;
-the built-in has none: its rows of the same job are the float32 / bfloat16 ones).
+State dtype "int8" is the plugin's int8 SSM state (additional_config nemotron_h.ssm_state),
+and a suffix "-deferredL" (e.g. "float32-deferred16") turns on the plugin's deferred state
+writes with a ring of L (nemotron_h.deferred_state_writes; prefix caching off): the built-in
+has neither, its rows of the same job are the plain float32 / bfloat16 ones.
 
     python benchmarks/e2e.py --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32 --batches 64 \
@@ -51,9 +53,15 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
         args.update(model=str(write_real_shape_config(work, model)), load_format="dummy")
     else:
         args.update(model=str(write_tiny_checkpoint(work, model)))
+    state_dtype, _, ring = state_dtype.partition("-deferred")
+    options = {}
     if state_dtype == "int8":
-        engine = dict(engine, additional_config={"nemotron_h": {"ssm_state": "int8"}})
-        state_dtype = "auto"
+        options["ssm_state"], state_dtype = "int8", "auto"
+    if ring:  # deferred writes run with prefix caching off
+        options["deferred_state_writes"] = int(ring)
+        engine = dict(engine, enable_prefix_caching=False)
+    if options:
+        engine = dict(engine, additional_config={"nemotron_h": options})
     args.update(engine)
     if torch.cuda.is_available():
         args.update(
@@ -179,7 +187,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     for model in args.models.split(","):
         for sdt in args.state_dtypes.split(","):
-            impls = [i for i in args.impls.split(",") if not (sdt == "int8" and i == "builtin")]
+            plugin_only = sdt.startswith("int8") or "-deferred" in sdt
+            impls = [i for i in args.impls.split(",") if not (plugin_only and i == "builtin")]
             res = {
                 impl: run_impl(
                     __file__,

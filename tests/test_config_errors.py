@@ -46,6 +46,11 @@ def test_unknown_ssm_state_format_is_refused_at_load(tiny_checkpoint):
     "section, message",
     [
         ({"ssm_sate": "int8"}, r"unknown option additional_config\['nemotron_h'\]\['ssm_sate'\]"),
+        (
+            {"deferred_state_writes": 12},
+            r"unsupported additional_config\['nemotron_h'\]\['deferred_state_writes'\]=12; "
+            r"allowed: 0 \(off",
+        ),
         ("int8", r"additional_config\['nemotron_h'\] must be a dict"),
     ],
 )
@@ -57,4 +62,5 @@ def test_plugin_option_mistakes_are_named(section, message):
     config = SimpleNamespace(additional_config={"nemotron_h": section})
     with pytest.raises(UnsupportedConfigError, match=message):
         plugin_options(config)
-    assert plugin_options(SimpleNamespace(additional_config={})) == {"ssm_state": "auto"}
+    defaults = {"ssm_state": "auto", "deferred_state_writes": 0}
+    assert plugin_options(SimpleNamespace(additional_config={})) == defaults

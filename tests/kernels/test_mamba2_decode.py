@@ -12,7 +12,8 @@ from helpers import (
 )
 
 from vllm_nemotron_h.model_executor.decode_plan import NativeDecodeParams, mamba2_decode_native
-from vllm_nemotron_h.ops import DecodeWorkspace, mamba2_decode
+from vllm_nemotron_h.ops import DecodeWorkspace, flush_deferred_state, mamba2_decode
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, ring_dtypes, ring_shapes
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
 from vllm_nemotron_h.ops.state_format import dequantize
@@ -130,6 +131,42 @@ def test_int8_state_matches_reference(device, fuse):
     for shape in shapes:
         for batch in (3,) if device == "cpu" else (1, 64):
             check(device, shape, batch, torch.int8, act, fuse=fuse)
+
+
+def empty_rings(ssm_state: torch.Tensor, ngroups: int, act: torch.dtype, ring: int):
+    num_slots, nheads, head_dim, d_state = ssm_state.shape
+    shapes = ring_shapes(nheads, head_dim, d_state, ngroups, ring)
+    rings = [
+        torch.zeros((num_slots, *shape), dtype=dtype, device=ssm_state.device)
+        for shape, dtype in zip(shapes, ring_dtypes(act))
+    ]
+    return DeferredState(ssm_state, None, *rings)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deferred_writes_match_the_per_step_tail(device):
+    """The tail with deferred writes (ring of 4) over 11 tokens: each token's output as the
+    per-step tail's (three kernels), the state written back every 4 tokens, and after a
+    flush the checkpoints equal the per-step states; the null row stays zero."""
+    shape, batch, ring = (CPU_SHAPES[0], 3, 4) if device == "cpu" else (GPU_SHAPES[1], 64, 4)
+    act = torch.float32
+    t = make_inputs(device, batch, shape, torch.float32, act)
+    per_step = {**t, "conv_state": t["conv_state"].clone(), "ssm_state": t["ssm_state"].clone()}
+    deferred = empty_rings(t["ssm_state"], shape[3], act, ring)
+    for _ in range(11):
+        token = make_inputs(device, batch, shape, torch.float32, act)
+        for run in (t, per_step):
+            run.update({k: token[k] for k in ("xbc", "dt", "z")})
+        want = mamba2_decode(**per_step, null_slot=0, fuse=False)
+        got = mamba2_decode(**t, null_slot=0, deferred=deferred)
+        assert rel_err(got, want) < TOL[torch.float32]
+        assert (got[0] == 0).all(), "the null-slot row must be zero"
+        assert torch.equal(t["conv_state"], per_step["conv_state"])
+    slots = t["state_slots"][1:]
+    assert (deferred.ring_len[slots] == 11 % ring).all()
+    flush_deferred_state(deferred, t["A"], slots, null_slot=0)
+    assert rel_err(t["ssm_state"][slots], per_step["ssm_state"][slots]) < TOL[torch.float32]
+    assert (deferred.ring_len[slots] == 0).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)

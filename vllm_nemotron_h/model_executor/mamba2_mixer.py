@@ -11,7 +11,9 @@ layer's plan (decode_plan.py: checked once, then launches only):
                   the state cache and the scan through the rows' slots (state_slot_copy)
     decode rows:  the decode tail (ops/mamba2_decode): conv update -> state update (softplus,
                   A, D, silu(z) in fp32 registers) -> group norm, through the int64 slots of
-                  ``state_slots``
+                  ``state_slots``; with deferred writes the state update appends to the
+                  rows' rings (ops/deferred_state_update), and a prefill writes its rows'
+                  rings into their states before reading them and empties them after
     When the norm's one group spans tensor-parallel ranks, the decode tail leaves the norm
     out and all rows are normalised here with an all-reduced sum of squares.
 """
@@ -21,18 +23,15 @@ from __future__ import annotations
 import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import LayerPlan, LayerWeights
-from vllm_nemotron_h.model_executor.ssm_state_cache import (
-    scan_state_dtype,
-    state_dtypes,
-    state_shapes,
-)
+from vllm_nemotron_h.model_executor.ssm_state_cache import scan_state_dtype
 from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, StateSlotsMetadata
-from vllm_nemotron_h.model_executor.validation import ssm_state_format
+from vllm_nemotron_h.model_executor.validation import state_layout
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.vllm_boundary.config import current_vllm_config
 from vllm_nemotron_h.vllm_boundary.layers import (
     MambaMixer2,
     all_reduce,
+    conv_state_channels,
     fp32_head_parameter,
     mixer_op,
     mixer_states,
@@ -55,17 +54,18 @@ class PluginMambaMixer2(MambaMixer2):
         self.group_size = self.intermediate_size // kwargs["n_groups"]
         # n_groups == 1 under TP: the one group spans ranks, its sum of squares is all-reduced.
         self.norm_spans_ranks = self.tp_size > 1 and kwargs["n_groups"] == 1
-        self.ssm_state_format = ssm_state_format(current_vllm_config())
+        self.state_layout = state_layout(current_vllm_config())
         self.plan: LayerPlan | None = None
 
     def get_attn_backend(self) -> type[StateSlotsMamba2Backend]:
         return StateSlotsMamba2Backend
 
     def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
-        return state_shapes(tuple(super().get_state_shape()), self.ssm_state_format)
+        shapes = tuple(super().get_state_shape())
+        return self.state_layout.shapes(shapes, conv_state_channels(shapes[0]))
 
     def get_state_dtype(self) -> tuple[torch.dtype, ...]:
-        return state_dtypes(super().get_state_dtype(), self.ssm_state_format)
+        return self.state_layout.dtypes(super().get_state_dtype())
 
     def forward(self, hidden_states: torch.Tensor, mup_vector: torch.Tensor | None = None):
         projected_states, _ = self.in_proj(hidden_states)
@@ -112,7 +112,8 @@ class PluginMambaMixer2(MambaMixer2):
     def _plan(self, md: StateSlotsMetadata, xbc, dt, gate, out) -> LayerPlan:
         """The layer's plan for its bound state cache, made at its first step."""
         if self.plan is None or self.plan.kv_cache is not self.kv_cache:
-            conv_state, ssm_state, ssm_scale = mixer_states(self)
+            conv_state, *states = mixer_states(self)
+            ssm_state, ssm_scale, deferred = self.state_layout.split(tuple(states))
             norm = GroupNorm(self.norm.weight, self.group_size, self.norm.variance_epsilon)
             weights = LayerWeights(
                 self.conv_weights, self.conv1d.bias, self.A, self.D, self.dt_bias, norm,
@@ -120,7 +121,7 @@ class PluginMambaMixer2(MambaMixer2):
             )  # fmt: skip
             self.plan = LayerPlan(
                 md.decode_plan, weights, self.kv_cache, conv_state, ssm_state, ssm_scale,
-                xbc, dt, gate, out, NULL_BLOCK_ID,
+                deferred, xbc, dt, gate, out, NULL_BLOCK_ID,
             )  # fmt: skip
         return self.plan
 
@@ -144,6 +145,7 @@ class PluginMambaMixer2(MambaMixer2):
             plan.scan_state_dtype, plan.scatter_final_states,
         )  # fmt: skip
         plan.scatter_final_states(md.state_indices_tensor_p, final_states)
+        plan.empty_rings(md.state_indices_tensor_p)
 
     def _norm_across_ranks(self, y: torch.Tensor, gate: torch.Tensor | None = None) -> None:
         """Group RMSNorm in place when the one group spans ranks: the sum of squares is

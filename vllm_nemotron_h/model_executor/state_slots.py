@@ -10,9 +10,10 @@ All Mamba layers of a KV-cache group share one builder, hence one tensor per ste
 handed to the layers through the metadata.
 
 A prompt's first token, when it is the step's only token of that prompt, runs as a decode
-row (the boundary's builder says which rows): the builder zeroes those rows' slots (conv
-state, SSM state, scales) in every layer of its group before the step, so the decode starts
-from the empty state a prefill would, in eager mode and in a replayed CUDA graph alike.
+row (the boundary's builder says which rows): the builder zeroes those rows' slots in every
+state tensor (conv, SSM, scales, rings) of every layer of its group before the step, so the
+decode starts from the empty state a prefill would, in eager mode and in a replayed CUDA
+graph alike.
 """
 
 from __future__ import annotations
@@ -71,8 +72,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         """Zeroes ``slots`` (int64) in every state tensor of the group's layers."""
         for mixer in mixers_of(self.vllm_config, self.layer_names):
             for state in mixer_states(mixer):
-                if state is not None:
-                    state.index_fill_(0, slots, 0)
+                state.index_fill_(0, slots, 0)
 
 
 class StateSlotsMamba2Backend(Mamba2AttentionBackend):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_nemotron_h.ops.support import CONV_WIDTH_RANGE, D_STATE_RANGE, HEAD_DIM_RANGE
+from vllm_nemotron_h.model_executor.ssm_state_cache import StateLayout
+from vllm_nemotron_h.ops.support import CONV_WIDTH_RANGE, D_STATE_RANGE, HEAD_DIM_RANGE, RING_SIZES
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     additional_config,
@@ -25,7 +26,14 @@ SSM_STATE_FORMATS = {
     "auto": "vLLM's float SSM state (dtype from mamba_ssm_cache_dtype)",
     "int8": "int8 rows with one fp32 scale per (head, head_dim row)",
 }
-OPTIONS = {"ssm_state": SSM_STATE_FORMATS}
+DEFERRED_STATE_WRITES = {
+    0: "off: the SSM state is written at every token",
+    **{
+        n: f"the SSM state written every {n} tokens, a ring of the tokens since kept per slot"
+        for n in RING_SIZES
+    },
+}
+OPTIONS = {"ssm_state": SSM_STATE_FORMATS, "deferred_state_writes": DEFERRED_STATE_WRITES}
 
 
 class UnsupportedConfigError(ValueError):
@@ -39,7 +47,7 @@ def _fail(field: str, value: Any, allowed: str) -> None:
     )
 
 
-def plugin_options(vllm_config: VllmConfig) -> dict[str, str]:
+def plugin_options(vllm_config: VllmConfig) -> dict[str, Any]:
     """The plugin's options from ``additional_config["nemotron_h"]``, defaults filled in;
     raises UnsupportedConfigError naming an unknown key or value and what is allowed."""
     section = additional_config(vllm_config).get(OPTIONS_SECTION, {})
@@ -69,6 +77,27 @@ def plugin_options(vllm_config: VllmConfig) -> dict[str, str]:
 def ssm_state_format(vllm_config: VllmConfig) -> str:
     """'auto' or 'int8' (see SSM_STATE_FORMATS)."""
     return plugin_options(vllm_config)["ssm_state"]
+
+
+def deferred_writes_off_reason(vllm_config: VllmConfig) -> str | None:
+    """Why deferred state writes, though asked for, do not run (the state is then written at
+    every token), or None."""
+    if (
+        plugin_options(vllm_config)["deferred_state_writes"]
+        and mamba_cache_mode(vllm_config) != "none"
+    ):
+        return (
+            f"prefix caching (Mamba cache mode {mamba_cache_mode(vllm_config)!r}) keeps states "
+            "at block boundaries, which the ring does not yet flush for"
+        )
+    return None
+
+
+def state_layout(vllm_config: VllmConfig) -> StateLayout:
+    """The layer state's format and ring size as they run for this config."""
+    options = plugin_options(vllm_config)
+    ring = 0 if deferred_writes_off_reason(vllm_config) else options["deferred_state_writes"]
+    return StateLayout(options["ssm_state"], ring)
 
 
 def validate(vllm_config: VllmConfig) -> None:

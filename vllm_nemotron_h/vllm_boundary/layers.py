@@ -40,6 +40,7 @@ __all__ = [
     "VllmNemotronHForCausalLM",
     "all_reduce",
     "bare_module_init",
+    "conv_state_channels",
     "fp32_head_parameter",
     "mixer_op",
     "mixer_states",
@@ -145,16 +146,19 @@ def warm_up_prefill_kernels(
         del mixer.get_state_dtype
 
 
-def mixer_states(
-    mixer: MambaMixer2,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(conv_state as (slots, dim, width - 1), ssm_state, the SSM state's scales or None) of
-    the layer's bound state cache: vLLM binds one tensor per state shape the layer declares."""
-    conv_state, ssm_state = mixer.kv_cache[0], mixer.kv_cache[1]
-    ssm_scale = mixer.kv_cache[2] if len(mixer.kv_cache) > 2 else None
+def mixer_states(mixer: MambaMixer2) -> tuple[torch.Tensor, ...]:
+    """The tensors of the layer's bound state cache in the order the layer declares them:
+    the conv state as (slots, dim, width - 1), then the SSM state and whatever the plugin's
+    options add (model_executor/ssm_state_cache.py). vLLM binds one tensor per state shape."""
+    conv_state, *others = mixer.kv_cache
     if not is_conv_state_dim_first():
         conv_state = conv_state.transpose(-1, -2)
-    return conv_state, ssm_state, ssm_scale
+    return (conv_state, *others)
+
+
+def conv_state_channels(conv_shape: tuple[int, ...]) -> int:
+    """The channels (conv dim) of a conv state's per-slot shape as vLLM declares it."""
+    return conv_shape[0] if is_conv_state_dim_first() else conv_shape[1]
 
 
 def mixers_of(vllm_config: Any, layer_names: list[str]) -> list[MambaMixer2]:

@@ -394,12 +394,14 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "state-tensors",
         "the model's get_mamba_state_{shape,dtype}_from_config and the layer's "
-        "get_state_{shape,dtype} overridden to append a third tensor; "
+        "get_state_{shape,dtype} overridden to append tensors; "
         "get_mamba_state_copy_func(s) on the model instance; the runner binding one tensor "
-        "per declared state shape (kv_cache[2]: exercised by the int8 engine tests)",
-        "an int8 SSM state keeps its fp32 scales as a third state tensor, so vLLM allocates, "
-        "pages, shards and (prefix caching) copies them with the state; vLLM's warm-up reads "
-        "get_state_dtype() as (conv, ssm) and is shown the scan's dtypes",
+        "per declared state shape (kv_cache[2:]: exercised by the int8 and deferred-writes "
+        "engine tests)",
+        "an int8 SSM state keeps its fp32 scales, and deferred writes their rings, as further "
+        "state tensors, so vLLM allocates, pages, shards and (prefix caching) copies them with "
+        "the state; vLLM's warm-up reads get_state_dtype() as (conv, ssm) and is shown the "
+        "scan's dtypes",
         BOTH,
         "vLLM carrying quantized SSM states itself (open pull requests #40012, #52962)",
         _check_state_tensors,

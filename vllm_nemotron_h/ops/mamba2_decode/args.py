@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_nemotron_h.ops.causal_conv1d_update.args import ConvUpdateStep
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState
 from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
@@ -31,6 +32,9 @@ class DecodeLayer:
     eps: float = 1e-5
     ssm_scale: torch.Tensor | None = None  # the per-row scales of an int8 ssm_state
     null_slot: int = -1
+    # With deferred writes: ssm_state (and ssm_scale) as the checkpoint, with the rings; the
+    # state update is then ops/deferred_state_update's, and the tail runs as three ops.
+    deferred: DeferredState | None = None
 
 
 @dataclass(slots=True)

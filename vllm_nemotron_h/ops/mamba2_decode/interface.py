@@ -23,6 +23,9 @@ Shapes and dtypes:
     ssm_state   (num_slots, nheads, head_dim, d_state)                state dtype, or int8
     ssm_scale   (num_slots, nheads, head_dim) fp32                    with its per-row scales
                                                                       (ops/state_format.py)
+    deferred    the rings of deferred writes with ssm_state (and ssm_scale) as their
+                checkpoint (ops/deferred_state_update/layout.py), or None; with them the
+                state update is the deferred one and the tail runs as the three ops
     A, D, dt_bias (nheads,) fp32; norm_weight (nheads * head_dim,); state_slots (batch,) int64
 Supported ranges and dtypes: ops/support.py.
 """
@@ -36,6 +39,9 @@ import torch
 from vllm_nemotron_h.ops import launch_config as configs
 from vllm_nemotron_h.ops.causal_conv1d_update import interface as conv_op
 from vllm_nemotron_h.ops.causal_conv1d_update import kernel as conv_kernel
+from vllm_nemotron_h.ops.deferred_state_update import interface as deferred_op
+from vllm_nemotron_h.ops.deferred_state_update import kernel as deferred_kernel
+from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState
 from vllm_nemotron_h.ops.mamba2_decode import kernel
 from vllm_nemotron_h.ops.mamba2_decode.args import (
     DecodeLayer,
@@ -78,14 +84,17 @@ class DecodeShape:
     width: int
     state_dtype: torch.dtype
     device: torch.device
+    ring_size: int = 0  # deferred writes' ring (0: the state written every token)
 
     @classmethod
-    def of(cls, xbc: torch.Tensor, conv_weight: torch.Tensor, ssm_state: torch.Tensor):
-        _, nheads, head_dim, d_state = ssm_state.shape
+    def of(cls, xbc: torch.Tensor, layer: DecodeLayer):
+        _, nheads, head_dim, d_state = layer.ssm_state.shape
         ngroups = ngroups_of(xbc.shape[1], nheads, head_dim, d_state)
+        ring = layer.deferred.ring_size if layer.deferred is not None else 0
         return cls(
-            nheads, head_dim, d_state, ngroups, conv_weight.shape[1], ssm_state.dtype, xbc.device
-        )
+            nheads, head_dim, d_state, ngroups, layer.conv_weight.shape[1],
+            layer.ssm_state.dtype, xbc.device, ring,
+        )  # fmt: skip
 
     @property
     def group_rows(self) -> int:
@@ -110,7 +119,7 @@ class DecodeLaunch:
     fused: bool
     fused_config: tuple[int, int]  # (BLOCK_M, num_warps) of the fused kernel
     conv_config: tuple[int, int]  # (BLOCK_D, num_warps) of the conv kernel
-    ssu_config: tuple[int, int]  # (BLOCK_M, num_warps) of the state-update kernel
+    ssu_config: tuple[int, int]  # (BLOCK_M, num_warps) of the (deferred) state-update kernel
 
     def workspace_needs(self, shape: DecodeShape, batch: int) -> tuple[int, int]:
         """(counters, partial sums) the fused launch needs at ``batch``."""
@@ -131,11 +140,19 @@ def resolve_launch(shape: DecodeShape, batch: int) -> DecodeLaunch:
     fused_config = shape.tile_config("mamba2_decode", batch_heads)
     fused_max = configs.table("mamba2_decode_fused_max_batch_heads", shape.device)
     fused_max = DEFAULT_FUSED_MAX_BATCH_HEADS if fused_max is None else fused_max
+    fused = _fused_tile_fits(shape, fused_config[0]) and batch_heads <= fused_max
+    if shape.ring_size:  # tiles of one head's rows
+        ssu_config = deferred_op.launch_config(
+            shape.device, shape.head_dim, shape.d_state, shape.state_dtype, batch_heads,
+            shape.head_dim,
+        )  # fmt: skip
+    else:
+        ssu_config = shape.tile_config("selective_state_update", batch_heads)
     return DecodeLaunch(
-        fused=_fused_tile_fits(shape, fused_config[0]) and batch_heads <= fused_max,
+        fused=fused and not shape.ring_size,  # the fused launch writes the state every token
         fused_config=fused_config,
         conv_config=conv_op.launch_config(shape.device, batch * shape.conv_dim),
-        ssu_config=shape.tile_config("selective_state_update", batch_heads),
+        ssu_config=ssu_config,
     )
 
 
@@ -173,6 +190,12 @@ def check(layer: DecodeLayer, step: DecodeStep) -> None:
     check_slots(step.state_slots, batch, dev)
     if step.out is not None:
         check_tensor("out", step.out, (batch, inner), (xbc.dtype,), dev, True)
+    if layer.deferred is not None:
+        deferred_op.check_state(layer.deferred, dev)
+        if layer.deferred.checkpoint is not ssm_state or (
+            layer.deferred.checkpoint_scale is not layer.ssm_scale
+        ):
+            raise ValueError("deferred must have ssm_state and ssm_scale as its checkpoint")
 
 
 def check_workspace(
@@ -209,7 +232,10 @@ def run(
     conv = torch.empty(xbc.shape, dtype=xbc.dtype, device=xbc.device)
     conv_kernel.launch(conv_step(layer, step, conv), *launch.conv_config)
     ssu_step = state_update_step(layer, step, conv, out)
-    ssu_kernel.launch(layer.ssm_state, layer.ssm_scale, ssu_step, *launch.ssu_config)
+    if layer.deferred is not None:
+        deferred_kernel.launch(layer.deferred, ssu_step, *launch.ssu_config)
+    else:
+        ssu_kernel.launch(layer.ssm_state, layer.ssm_scale, ssu_step, *launch.ssu_config)
     if layer.norm_weight is not None:
         norm_kernel.launch_group(out, group_norm(layer, ssu_step.B.shape[1]), out=out)
     return out
@@ -235,24 +261,28 @@ def mamba2_decode(
     config: tuple[int, int] | None = None,
     fuse: bool | None = None,
     ssm_scale: torch.Tensor | None = None,
+    deferred: DeferredState | None = None,
 ) -> torch.Tensor:
     """Advances both states of every sequence by one token in place and returns ``out``
     (batch, nheads * head_dim): normalised when ``norm_weight`` is given, else gated y.
     ``fuse``: one launch (True), the three ops' kernels (False), or the device table's
     choice (None). The one launch needs ``workspace``; ``config`` = (BLOCK_M, num_warps)
     overrides its table. ``ssm_scale`` holds the per-row scales of an int8 ``ssm_state``
-    (updated in place with it)."""
+    (updated in place with it). ``deferred``: the state with deferred writes whose
+    checkpoint is ``ssm_state`` (and ``ssm_scale``); three ops, never the one launch."""
     layer = DecodeLayer(
         conv_state, conv_weight, conv_bias, ssm_state, A, D, dt_bias, norm_weight, eps,
-        ssm_scale, null_slot,
+        ssm_scale, null_slot, deferred,
     )  # fmt: skip
     step = DecodeStep(xbc, dt, z, state_slots, out)
     check(layer, step)
+    if deferred is not None and (fuse or config is not None):
+        raise ValueError("deferred writes run the three ops: fuse and config must be None")
     if out is None:
         step.out = torch.empty_like(z)
     if not use_triton(xbc):
         return mamba2_decode_cpu(layer, step)
-    shape = DecodeShape.of(xbc, conv_weight, ssm_state)
+    shape = DecodeShape.of(xbc, layer)
     batch = xbc.shape[0]
     launch = resolve_launch(shape, batch)
     if config is not None or fuse is not None:

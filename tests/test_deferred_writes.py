@@ -1,0 +1,64 @@
+"""Deferred state writes in the engine (additional_config nemotron_h.deferred_state_writes):
+the SSM state is written every L tokens, a ring of the tokens since kept per slot. A ring of
+4 over 40 new tokens wraps many times and is mid-way when sequences end, so that 14 requests
+through 4 slots find slots whose rings a finished sequence left behind.
+
+Preemption is not exercised: deferred writes run with prefix caching off, and then vLLM's
+blocks hold a whole max_model_len sequence, so a running sequence never needs another."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.engines import TINY_ENGINE, run_engine
+from tests.reference import hf_greedy
+
+pytestmark = pytest.mark.engine
+
+RING = 4
+NEW = 40
+
+
+def test_deferred_writes_give_reference_tokens_through_slot_reuse(tiny_checkpoint):
+    rng = random.Random(7)
+    prompts = [[1] + [rng.randrange(4, 500) for _ in range(rng.randint(15, 90))] for _ in range(12)]
+    prompts += [[1], [260]]  # one-token prompts: decode rows from zeroed slots (rings too)
+    model = tiny_checkpoint("dense")
+    res = run_engine(
+        dict(
+            model=model,
+            prompts=prompts,
+            max_tokens=NEW,
+            engine=dict(
+                TINY_ENGINE,
+                max_num_seqs=4,
+                enable_prefix_caching=False,
+                enable_chunked_prefill=True,
+                max_num_batched_tokens=64,
+                additional_config={"nemotron_h": {"deferred_state_writes": RING}},
+            ),
+        )
+    )
+    assert res["model_class"].startswith("vllm_nemotron_h.")
+    assert res["tokens"] == hf_greedy(model, prompts, NEW)
+
+
+def test_prefix_caching_turns_deferred_writes_off_with_a_log_line():
+    """Prefix caching keeps states at block boundaries, which the ring does not flush for
+    yet: the state is then written every token, and the engine log says why."""
+    from types import SimpleNamespace
+
+    from vllm_nemotron_h.model_executor.hybrid_model import writes_description
+    from vllm_nemotron_h.model_executor.validation import state_layout
+
+    options = {"nemotron_h": {"deferred_state_writes": RING}}
+    config = SimpleNamespace(
+        additional_config=options, cache_config=SimpleNamespace(mamba_cache_mode="align")
+    )
+    assert state_layout(config).ring_size == 0
+    assert "deferred writes asked for, but prefix caching" in writes_description(config)
+    config.cache_config.mamba_cache_mode = "none"
+    assert state_layout(config).ring_size == RING
+    assert writes_description(config).startswith(f"state writes deferred, every {RING} tokens")
