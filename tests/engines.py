@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_ENGINE = dict(
     dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True
 )
+# Tensor parallel on CPU: two workers need one core each (otherwise: 'Not enough allowed NUMA
+# nodes to bind threads').
+TP_ENV = dict(VLLM_CPU_OMP_THREADS_BIND="0|1")
 
 
 def engine_env(**extra: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from tests.engines import TINY_ENGINE, run_engine
+from tests.engines import TINY_ENGINE, TP_ENV, run_engine
 from tests.reference import hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -41,6 +41,22 @@ def test_deferred_writes_give_reference_tokens_through_slot_reuse(tiny_checkpoin
             ),
         )
     )
+    assert res["model_class"].startswith("vllm_nemotron_h.")
+    assert res["tokens"] == hf_greedy(model, prompts, NEW)
+
+
+def test_deferred_writes_under_tensor_parallel_give_reference_tokens(tiny_checkpoint):
+    """TP=2 (multiprocessing executor): each rank's rings hold its heads and its groups; the
+    one group of this preset is replicated on both ranks."""
+    model = tiny_checkpoint("dense-g1")
+    engine = dict(
+        TINY_ENGINE,
+        tensor_parallel_size=2,
+        enable_prefix_caching=False,
+        additional_config={"nemotron_h": {"deferred_state_writes": RING}},
+    )
+    prompts = [[1, 40, 41, 300, 7, 9, 12], [1, 250], [1] + list(range(90, 130))]
+    res = run_engine(dict(model=model, prompts=prompts, max_tokens=NEW, engine=engine), **TP_ENV)
     assert res["model_class"].startswith("vllm_nemotron_h.")
     assert res["tokens"] == hf_greedy(model, prompts, NEW)
 

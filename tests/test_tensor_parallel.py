@@ -5,13 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import with_config
-from tests.engines import TINY_ENGINE, run_engine, run_engine_expect_failure
+from tests.engines import TINY_ENGINE, TP_ENV, run_engine, run_engine_expect_failure
 
 pytestmark = pytest.mark.engine
 
 PROMPTS = [[1, 40, 41, 300, 7, 9, 12], [1, 250], [1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99]]
-# Two CPU workers need one core each (otherwise: 'Not enough allowed NUMA nodes to bind threads').
-TP_ENV = dict(VLLM_CPU_OMP_THREADS_BIND="0|1")
 
 
 @pytest.mark.parametrize("preset", ["dense", "dense-g1"])  # n_groups 2 (split) and 1 (spans ranks)
