@@ -218,11 +218,7 @@ class LayerPlan:
 
     def gather_initial_states(self, slots: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
         """The prefill rows' initial SSM states (zeros where a row has none), in the state's
-        dtype, or in fp32 for an int8 state (dequantized). With deferred writes the rows'
-        rings are written into their checkpoints first."""
-        if self.deferred is not None:
-            null = torch.full_like(slots, self.layer.null_slot)
-            self._flush(torch.where(has_initial, slots, null).long())
+        dtype, or in fp32 for an int8 state (dequantized)."""
         states = self._gather(self.ssm_state, slots, has_initial)
         if self.ssm_scale is None:
             return states
@@ -238,18 +234,19 @@ class LayerPlan:
             self._scatter(self.ssm_state, slots, q)
             self._scatter(self.ssm_scale, slots, scale)
 
-    def empty_rings(self, slots: torch.Tensor) -> None:
-        """With deferred writes, empties the rings of ``slots`` (their checkpoints now hold
-        the whole state: a prefill's final states)."""
-        if self.deferred is not None:
-            self.deferred.ring_len.index_fill_(0, slots.long(), 0)
-
-    def _flush(self, slots: torch.Tensor) -> None:
+    def flush_rings(self, slots: torch.Tensor) -> None:
+        """With deferred writes, writes the rings of ``slots`` (int64; null slots skipped)
+        into their checkpoints (before a prefill reads those states) and empties them."""
         flush = RingFlush(self.layer.A, slots, self.layer.null_slot)
         if self.on_triton:
             deferred_kernel.launch(self.deferred, flush, *self.flush_config)
         else:
             deferred_state_update_cpu(self.deferred, flush)
+
+    def empty_rings(self, slots: torch.Tensor) -> None:
+        """With deferred writes, empties the rings of ``slots`` (int64; their checkpoints
+        now hold the whole state: a prefill's final states)."""
+        self.deferred.ring_len.index_fill_(0, slots, 0)
 
     @property
     def scan_state_dtype(self) -> torch.dtype:

@@ -132,6 +132,8 @@ class PluginMambaMixer2(MambaMixer2):
         )
         x, B, C = self.split_hidden_states_B_C_fn(conv)
         initial_states = None
+        if md.ring_flush_slots_p is not None:
+            plan.flush_rings(md.ring_flush_slots_p)
         if md.has_initial_states_p is not None and md.prep_initial_states:
             initial_states = plan.gather_initial_states(
                 md.state_indices_tensor_p, md.has_initial_states_p
@@ -145,7 +147,8 @@ class PluginMambaMixer2(MambaMixer2):
             plan.scan_state_dtype, plan.scatter_final_states,
         )  # fmt: skip
         plan.scatter_final_states(md.state_indices_tensor_p, final_states)
-        plan.empty_rings(md.state_indices_tensor_p)
+        if md.ring_slots_p is not None:
+            plan.empty_rings(md.ring_slots_p)
 
     def _norm_across_ranks(self, y: torch.Tensor, gate: torch.Tensor | None = None) -> None:
         """Group RMSNorm in place when the one group spans ranks: the sum of squares is

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, ring_dtypes, ring_shapes
+from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of
 
 INT8 = "int8"
 
@@ -43,7 +44,7 @@ class StateLayout:
             shapes.append(ssm[:-1])
         if self.ring_size:
             nheads, head_dim, d_state = ssm
-            ngroups = (conv_dim - nheads * head_dim) // (2 * d_state)
+            ngroups = ngroups_of(conv_dim, nheads, head_dim, d_state)
             shapes.extend(ring_shapes(nheads, head_dim, d_state, ngroups, self.ring_size))
         return tuple(shapes)
 

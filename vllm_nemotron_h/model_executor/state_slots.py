@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
+from vllm_nemotron_h.model_executor.validation import state_layout
 from vllm_nemotron_h.vllm_boundary.layers import mixer_states, mixers_of
 from vllm_nemotron_h.vllm_boundary.metadata import (
     NULL_BLOCK_ID,
@@ -42,6 +43,11 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     decode_plan: DecodePlan | None = None
     # decode rows that are a prompt's first token (CPU int64; their slots are zeroed first)
     first_token_rows_d: torch.Tensor | None = None
+    # With deferred writes, once per step for every layer: the prefill rows' slots (int64),
+    # and those of rows with an initial state, the null slot elsewhere (their rings are
+    # written into their states before the prefill reads them), or None.
+    ring_slots_p: torch.Tensor | None = None
+    ring_flush_slots_p: torch.Tensor | None = None
 
 
 class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
@@ -55,10 +61,20 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         self.state_slots = torch.full((max_rows,), NULL_BLOCK_ID, dtype=torch.int64, device=device)
         nheads, head_dim, _ = kv_cache_spec.shapes[1]  # the SSM state of one slot
         self.decode_plan = DecodePlan(max_rows, nheads, head_dim, torch.device(device))
+        self.deferred_writes = state_layout(vllm_config).ring_size > 0
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
         metadata.state_slots_d = None
         metadata.decode_plan = self.decode_plan
+        metadata.ring_slots_p = metadata.ring_flush_slots_p = None
+        if self.deferred_writes and metadata.num_prefills > 0:
+            slots_p = metadata.state_indices_tensor_p.long()
+            metadata.ring_slots_p = slots_p
+            if metadata.prep_initial_states:
+                null = torch.full_like(slots_p, NULL_BLOCK_ID)
+                metadata.ring_flush_slots_p = torch.where(
+                    metadata.has_initial_states_p, slots_p, null
+                )
         if metadata.num_decodes > 0:
             slots = decode_slots(metadata)
             rows = slots.shape[0]
