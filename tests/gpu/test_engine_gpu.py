@@ -30,9 +30,12 @@ NEW = 32
 # The first prompt ends early: with two sequences per step, the one-token prompt then joins a
 # step in which the second decodes, one token each, which vLLM runs as a full decode graph.
 MAX_TOKENS = [8, NEW, NEW, NEW]
+# A fixed KV cache size instead of memory profiling: the engines of several test processes can
+# then share one GPU (profiling reads the device's free memory, which the others change).
 ENGINE = dict(
     max_model_len=512,
-    gpu_memory_utilization=0.3,
+    gpu_memory_utilization=0.1,
+    kv_cache_memory_bytes=2 << 30,
     enable_chunked_prefill=True,
     max_num_batched_tokens=16,
 )
@@ -131,6 +134,37 @@ def test_int8_state_eager_equals_cuda_graphs(checkpoint, reference):
     assert any("_mamba2_decode_kernel" in k for k in kernels), kernels
     agree = agreement(eager["tokens"], reference)
     print("int8: tokens equal to transformers' fp32 before the first difference:", agree)
+
+
+def test_deferred_writes_eager_equals_cuda_graphs_and_transformers(checkpoint, reference):
+    """Deferred state writes (a ring of 4, additional_config nemotron_h.deferred_state_writes)
+    on the GPU: the deferred state update kernel runs in decode steps, CUDA graphs (more
+    requests than decode slots per graph) give the eager tokens, and these stay with
+    transformers' as the per-step fp32 path does."""
+    spec = dict(
+        model=checkpoint,
+        prompts=PROMPTS,
+        max_tokens=MAX_TOKENS,
+        engine=dict(
+            ENGINE,
+            dtype="float32",
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            additional_config={"nemotron_h": {"deferred_state_writes": 4}},
+        ),
+    )
+    eager = run_engine(dict(spec, profile=True), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    graph_engine = dict(spec["engine"], enforce_eager=False, max_num_seqs=2)
+    graph_engine["compilation_config"] = {"cudagraph_capture_sizes": [1, 2]}
+    graphs = run_engine(dict(spec, engine=graph_engine), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    assert eager["model_class"].startswith("vllm_nemotron_h.")
+    assert graphs["tokens"] == eager["tokens"]
+    kernels = [row[0] for row in eager["profile"]]
+    assert any("_deferred_state_update_kernel" in k for k in kernels), kernels
+    assert not any("_selective_scan_update_kernel" in k for k in kernels), kernels
+    agree = agreement(eager["tokens"], reference)
+    print("deferred writes: tokens equal to transformers before the first difference:", agree)
+    assert sum(a == n for a, n in zip(agree, MAX_TOKENS)) >= len(PROMPTS) - 1
 
 
 def test_moe_fp32_matches_builtin_and_transformers(tmp_path):
