@@ -59,31 +59,38 @@ def agreement(runs: list[list[int]], reference: list[list[int]]) -> list[int]:
     ]
 
 
+def eager_and_graphs(checkpoint: str, **options) -> tuple[dict, dict]:
+    """The plugin with ``options`` (additional_config nemotron_h), fp32: eager (with one decode
+    step's kernels profiled) and with CUDA graphs (more requests than decode slots per graph),
+    both in this process so that the steps are the same in every run."""
+    engine = dict(ENGINE, dtype="float32")
+    if options:
+        engine["additional_config"] = {"nemotron_h": options}
+    if "deferred_state_writes" in options:
+        engine["enable_prefix_caching"] = False
+    spec = dict(model=checkpoint, prompts=PROMPTS, max_tokens=MAX_TOKENS)
+    eager = run_engine(
+        dict(spec, engine=dict(engine, enforce_eager=True), profile=True),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
+    graph_engine = dict(
+        engine, max_num_seqs=2, compilation_config={"cudagraph_capture_sizes": [1, 2]}
+    )
+    graphs = run_engine(dict(spec, engine=graph_engine), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    assert eager["model_class"].startswith("vllm_nemotron_h.")
+    assert graphs["model_class"].startswith("vllm_nemotron_h.")
+    return eager, graphs
+
+
 def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, reference):
+    eager, graphs = eager_and_graphs(checkpoint)
     spec = dict(
         model=checkpoint,
         prompts=PROMPTS,
         max_tokens=MAX_TOKENS,
         engine=dict(ENGINE, dtype="float32", enforce_eager=True),
     )
-    eager = run_engine(dict(spec, profile=True), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    # CUDA graphs with more requests (4) than decode slots captured per graph (max_num_seqs=2);
-    # in this process, so that the steps are the same in every run.
-    graphs = run_engine(
-        dict(
-            spec,
-            engine=dict(
-                ENGINE,
-                dtype="float32",
-                max_num_seqs=2,
-                compilation_config={"cudagraph_capture_sizes": [1, 2]},
-            ),
-        ),
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-    )
     builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")
-    assert eager["model_class"].startswith("vllm_nemotron_h.")
-    assert graphs["model_class"].startswith("vllm_nemotron_h.")
     assert builtin["model_class"] == "vllm.model_executor.models.nemotron_h.NemotronHForCausalLM"
     # vLLM's Triton prefill kernels take fp32 dots in TF32, so on a GPU vLLM (built-in as well)
     # may leave transformers' path at a near-tie; the plugin must equal the built-in exactly
@@ -111,24 +118,9 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
 
 def test_int8_state_eager_equals_cuda_graphs(checkpoint, reference):
     """The int8 SSM state (additional_config nemotron_h.ssm_state) decodes the same tokens in
-    eager mode and with CUDA graphs (more requests than decode slots per graph), through the
-    fused decode tail; how far it stays with transformers' fp32 tokens is printed."""
-    spec = dict(
-        model=checkpoint,
-        prompts=PROMPTS,
-        max_tokens=MAX_TOKENS,
-        engine=dict(
-            ENGINE,
-            dtype="float32",
-            enforce_eager=True,
-            additional_config={"nemotron_h": {"ssm_state": "int8"}},
-        ),
-    )
-    eager = run_engine(dict(spec, profile=True), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    graph_engine = dict(spec["engine"], enforce_eager=False, max_num_seqs=2)
-    graph_engine["compilation_config"] = {"cudagraph_capture_sizes": [1, 2]}
-    graphs = run_engine(dict(spec, engine=graph_engine), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    assert eager["model_class"].startswith("vllm_nemotron_h.")
+    eager mode and with CUDA graphs, through the fused decode tail; how far it stays with
+    transformers' fp32 tokens is printed."""
+    eager, graphs = eager_and_graphs(checkpoint, ssm_state="int8")
     assert graphs["tokens"] == eager["tokens"]
     kernels = [row[0] for row in eager["profile"]]
     assert any("_mamba2_decode_kernel" in k for k in kernels), kernels
@@ -137,27 +129,11 @@ def test_int8_state_eager_equals_cuda_graphs(checkpoint, reference):
 
 
 def test_deferred_writes_eager_equals_cuda_graphs_and_transformers(checkpoint, reference):
-    """Deferred state writes (a ring of 4, additional_config nemotron_h.deferred_state_writes)
-    on the GPU: the deferred state update kernel runs in decode steps, CUDA graphs (more
-    requests than decode slots per graph) give the eager tokens, and these stay with
-    transformers' as the per-step fp32 path does."""
-    spec = dict(
-        model=checkpoint,
-        prompts=PROMPTS,
-        max_tokens=MAX_TOKENS,
-        engine=dict(
-            ENGINE,
-            dtype="float32",
-            enforce_eager=True,
-            enable_prefix_caching=False,
-            additional_config={"nemotron_h": {"deferred_state_writes": 4}},
-        ),
-    )
-    eager = run_engine(dict(spec, profile=True), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    graph_engine = dict(spec["engine"], enforce_eager=False, max_num_seqs=2)
-    graph_engine["compilation_config"] = {"cudagraph_capture_sizes": [1, 2]}
-    graphs = run_engine(dict(spec, engine=graph_engine), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    assert eager["model_class"].startswith("vllm_nemotron_h.")
+    """Deferred state writes (a ring of 4, additional_config nemotron_h.deferred_state_writes;
+    prefix caching off) on the GPU: the deferred state update kernel runs in decode steps,
+    CUDA graphs give the eager tokens, and these stay with transformers' as the per-step fp32
+    path does."""
+    eager, graphs = eager_and_graphs(checkpoint, deferred_state_writes=4)
     assert graphs["tokens"] == eager["tokens"]
     kernels = [row[0] for row in eager["profile"]]
     assert any("_deferred_state_update_kernel" in k for k in kernels), kernels

