@@ -42,7 +42,7 @@ def encode(model_dir: str, texts: list[str]) -> list[list[int]]:
     return [tok(t).input_ids for t in texts]
 
 
-@pytest.mark.parametrize("preset", ["dense-h80", "moe"])
+@pytest.mark.parametrize("preset", ["dense-h80", "moe", "moe-latent"])
 def test_greedy_tokens_equal_transformers(tiny_checkpoint, preset):
     model = tiny_checkpoint(preset)
     prompts = encode(model, TEXTS)

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.engine
 PROMPTS = [[1, 40, 41, 300, 7, 9, 12], [1, 250], [1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99]]
 
 
-@pytest.mark.parametrize("preset", ["dense", "dense-g1"])  # n_groups 2 (split) and 1 (spans ranks)
+# n_groups 2 (split) and 1 (spans ranks); latent MoE (its projections replicated, experts split)
+@pytest.mark.parametrize("preset", ["dense", "dense-g1", "moe-latent"])
 def test_tp2_matches_tp1(tiny_checkpoint, preset):
     model = tiny_checkpoint(preset)
     spec = dict(model=model, prompts=PROMPTS, max_tokens=16, engine=TINY_ENGINE)

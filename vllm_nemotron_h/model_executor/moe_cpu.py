@@ -17,6 +17,7 @@ from vllm_nemotron_h.vllm_boundary.layers import (
     GateLinear,
     NemotronHMLP,
     NemotronHMoEDecoderLayer,
+    ReplicatedLinear,
     RMSNorm,
     all_reduce,
     bare_module_init,
@@ -52,11 +53,6 @@ def route(
 class CpuNemotronHMoE(nn.Module):
     def __init__(self, config, quant_config=None, parallel_config=None, prefix: str = "") -> None:
         super().__init__()
-        if getattr(config, "moe_latent_size", None) is not None:
-            raise ValueError(
-                "moe_latent_size is not supported by the CPU MoE path of vllm-nemotron-h "
-                f"(got {config.moe_latent_size}); supported: null"
-            )
         self.config = config
         self.tp_size = tensor_parallel_size()
         # The attributes vLLM's MixtureOfExperts bookkeeping reads (no EPLB on CPU).
@@ -76,10 +72,29 @@ class CpuNemotronHMoE(nn.Module):
         self.gate.e_score_correction_bias = nn.Parameter(
             torch.zeros(config.n_routed_experts, dtype=torch.float32)
         )
+        # Latent MoE (moe_latent_size): the routed experts work in a narrower projection of
+        # the hidden state, projected in and out by replicated linear layers; the router and
+        # the shared experts see the hidden state itself.
+        latent = getattr(config, "moe_latent_size", None)
+        self.fc1_latent_proj = self.fc2_latent_proj = None
+        if latent is not None:
+            self.fc1_latent_proj, self.fc2_latent_proj = (
+                ReplicatedLinear(
+                    input_size=n_in,
+                    output_size=n_out,
+                    bias=config.mlp_bias,
+                    quant_config=quant_config,
+                    prefix=f"{prefix}.{name}",
+                )
+                for name, n_in, n_out in (
+                    ("fc1_latent_proj", config.hidden_size, latent),
+                    ("fc2_latent_proj", latent, config.hidden_size),
+                )
+            )
         self.experts = nn.ModuleList(
             NemotronHMLP(
                 config,
-                hidden_size=config.hidden_size,
+                hidden_size=config.hidden_size if latent is None else latent,
                 intermediate_size=config.moe_intermediate_size,
                 quant_config=quant_config,
                 bias=config.mlp_bias,
@@ -113,11 +128,21 @@ class CpuNemotronHMoE(nn.Module):
             cfg.norm_topk_prob,
             cfg.routed_scaling_factor,
         )
-        out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
+        routed_in = hidden_states
+        if self.fc1_latent_proj is not None:
+            routed_in = self.fc1_latent_proj(hidden_states)[0]
+        out = torch.zeros(routed_in.shape, dtype=torch.float32, device=routed_in.device)
         for e, expert in enumerate(self.experts):
             w = (weights * (ids == e)).sum(-1, keepdim=True)
-            out = out + expert(hidden_states).float() * w
+            out = out + expert(routed_in).float() * w
         out = out.to(hidden_states.dtype)
+        if self.fc2_latent_proj is not None:
+            # the ranks' partial sums are added first, so that the projection's bias counts once
+            out = self.fc2_latent_proj(all_reduce(out) if self.tp_size > 1 else out)[0]
+            if self.shared_experts is None:
+                return out
+            shared = self.shared_experts(hidden_states)
+            return out + (all_reduce(shared) if self.tp_size > 1 else shared)
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden_states)
         return all_reduce(out) if self.tp_size > 1 else out
@@ -139,5 +164,8 @@ class CpuNemotronHMoEDecoderLayer(NemotronHMoEDecoderLayer):
     ) -> None:
         bare_module_init(self)  # vLLM's __init__ would build the FusedMoE CPU refuses
         self.config = config
-        self.mixer = CpuNemotronHMoE(config, quant_config, parallel_config, f"{prefix}.mixer")
+        # Heterogeneous (Puzzle) configs give each layer its own fields, as in vLLM's layer.
+        layer_config = getattr(config, "get_nemotron_h_config_for_layer", None)
+        moe_config = layer_config(layer_idx) if layer_config else config
+        self.mixer = CpuNemotronHMoE(moe_config, quant_config, parallel_config, f"{prefix}.mixer")
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)

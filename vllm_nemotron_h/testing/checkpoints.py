@@ -45,6 +45,11 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
     "dense-h80": preset(("MM*-M-", 320, 8, 80, 16, 4, 4, 2, 80, 640)),
     "dense-g1": preset(("M-*M-", 256, 8, 32, 32, 1, 4, 2, 64, 512)),
     "moe": preset(("MEM*EM", 256, 8, 64, 128, 8, 4, 2, 64, 512), (8, 2, 128, 256, 2.5)),
+    # latent MoE (Nemotron 3 Super's): the routed experts work in a 64-wide projection
+    "moe-latent": dict(
+        preset(("MEM*EM", 256, 8, 64, 128, 8, 4, 2, 64, 512), (8, 2, 128, 256, 2.5)),
+        moe_latent_size=64,
+    ),
 }
 
 # Public configs (as collected in shared/environment.md) for real-shape runs.

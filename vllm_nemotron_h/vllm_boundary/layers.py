@@ -19,6 +19,7 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor import custom_op
 from vllm.model_executor.layers.fused_moe import GateLinear
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.model_executor.model_loader.weight_utils import sharded_weight_loader
@@ -37,6 +38,7 @@ __all__ = [
     "NemotronHMLP",
     "NemotronHMoEDecoderLayer",
     "RMSNorm",
+    "ReplicatedLinear",
     "VllmNemotronHForCausalLM",
     "all_reduce",
     "bare_module_init",

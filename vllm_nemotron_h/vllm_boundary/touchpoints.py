@@ -277,6 +277,7 @@ def _check_cpu_moe_blocks() -> None:
     from vllm_nemotron_h.vllm_boundary import layers
 
     _params(layers.GateLinear.__init__, "out_dtype", "force_fp32_compute")
+    _params(layers.ReplicatedLinear.__init__, "input_size", "output_size", "bias", "prefix")
 
 
 def _check_cpu_decode_ops() -> None:
@@ -514,8 +515,10 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint(
         "cpu-moe-blocks",
-        "vllm.model_executor.layers.fused_moe.GateLinear",
-        "the CPU MoE router keeps vLLM's gate (fp32 scores) and its weight loading",
+        "vllm.model_executor.layers.fused_moe.GateLinear, "
+        "vllm.model_executor.layers.linear.ReplicatedLinear",
+        "the CPU MoE router keeps vLLM's gate (fp32 scores) and its weight loading, its latent "
+        "projections vLLM's replicated linear layers (as vLLM's MoE builds them)",
         BOTH,
         "as decoder-layer-types",
         _check_cpu_moe_blocks,
