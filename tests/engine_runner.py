@@ -11,10 +11,14 @@ built-in model with VLLM_NEMOTRON_H_DISABLE=1, GPU runs, tensor parallel):
 entry of ``jobs`` runs afterwards as a batch of its own through the same engine (result
 "jobs"). With "metrics" (and ``disable_log_stats: false`` among the engine arguments) the
 engine's counters and gauges after all of it come back as "metrics" (e.g. "vllm:num_preemptions").
+"launch_tables" replaces entries of the plugin's launch tables (ops/launch_config.py) while the
+engine runs; it reaches the model only with the engine in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -92,6 +96,15 @@ def profile_decode(llm, prompt, params) -> list[list]:
     return sorted(rows, key=lambda r: -r[2])[:40]
 
 
+def run_with_tables(spec: dict) -> dict:
+    from vllm_nemotron_h.ops.launch_config import overridden
+
+    with contextlib.ExitStack() as tables:
+        for name, value in spec.get("launch_tables", {}).items():
+            tables.enter_context(overridden(name, value))
+        return run(spec)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    print("ENGINE_RESULT " + json.dumps(run(json.loads(sys.argv[1]))), flush=True)
+    print("ENGINE_RESULT " + json.dumps(run_with_tables(json.loads(sys.argv[1]))), flush=True)

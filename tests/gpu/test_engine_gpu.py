@@ -59,22 +59,32 @@ def agreement(runs: list[list[int]], reference: list[list[int]]) -> list[int]:
     ]
 
 
-def eager_and_graphs(checkpoint: str, **options) -> tuple[dict, dict]:
+def eager_and_graphs(
+    checkpoint: str,
+    max_tokens: list[int] = MAX_TOKENS,
+    max_num_seqs: int = 2,
+    fused_max_batch_heads: int | None = None,
+    **options,
+) -> tuple[dict, dict]:
     """The plugin with ``options`` (additional_config nemotron_h), fp32: eager (with one decode
-    step's kernels profiled) and with CUDA graphs (more requests than decode slots per graph),
-    both in this process so that the steps are the same in every run."""
+    step's kernels profiled) and with CUDA graphs (more requests than decode slots per graph
+    at the default max_num_seqs), both in this process so that the steps are the same in
+    every run. ``fused_max_batch_heads`` replaces the device table's limit of the fused tail."""
     engine = dict(ENGINE, dtype="float32")
     if options:
         engine["additional_config"] = {"nemotron_h": options}
     if "deferred_state_writes" in options:
         engine["enable_prefix_caching"] = False
-    spec = dict(model=checkpoint, prompts=PROMPTS, max_tokens=MAX_TOKENS)
+    spec = dict(model=checkpoint, prompts=PROMPTS, max_tokens=max_tokens)
+    if fused_max_batch_heads is not None:
+        spec["launch_tables"] = {"mamba2_decode_fused_max_batch_heads": fused_max_batch_heads}
     eager = run_engine(
         dict(spec, engine=dict(engine, enforce_eager=True), profile=True),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )
+    sizes = [n for n in (1, 2, 4) if n <= max_num_seqs]
     graph_engine = dict(
-        engine, max_num_seqs=2, compilation_config={"cudagraph_capture_sizes": [1, 2]}
+        engine, max_num_seqs=max_num_seqs, compilation_config={"cudagraph_capture_sizes": sizes}
     )
     graphs = run_engine(dict(spec, engine=graph_engine), VLLM_ENABLE_V1_MULTIPROCESSING="0")
     assert eager["model_class"].startswith("vllm_nemotron_h.")
@@ -130,10 +140,10 @@ def test_int8_state_eager_equals_cuda_graphs(checkpoint, reference):
 
 def test_deferred_writes_eager_equals_cuda_graphs_and_transformers(checkpoint, reference):
     """Deferred state writes (a ring of 4, additional_config nemotron_h.deferred_state_writes;
-    prefix caching off) on the GPU: the deferred state update kernel runs in decode steps,
-    CUDA graphs give the eager tokens, and these stay with transformers' as the per-step fp32
-    path does."""
-    eager, graphs = eager_and_graphs(checkpoint, deferred_state_writes=4)
+    prefix caching off) on the GPU, at every batch size (the fused tail's limit set to 0): the
+    deferred state update kernel runs in decode steps, CUDA graphs give the eager tokens, and
+    these stay with transformers' as the per-step fp32 path does."""
+    eager, graphs = eager_and_graphs(checkpoint, fused_max_batch_heads=0, deferred_state_writes=4)
     assert graphs["tokens"] == eager["tokens"]
     kernels = [row[0] for row in eager["profile"]]
     assert any("_deferred_state_update_kernel" in k for k in kernels), kernels
@@ -141,6 +151,24 @@ def test_deferred_writes_eager_equals_cuda_graphs_and_transformers(checkpoint, r
     agree = agreement(eager["tokens"], reference)
     print("deferred writes: tokens equal to transformers before the first difference:", agree)
     assert sum(a == n for a, n in zip(agree, MAX_TOKENS)) >= len(PROMPTS) - 1
+
+
+def test_deferred_writes_switch_to_the_fused_tail_at_small_batches(checkpoint, reference):
+    """With deferred writes the fused per-step tail runs where the device table fuses (here
+    up to 2 sequences: 16 batch x heads) and the deferred update above. Sequences end one by
+    one (4 -> 3 -> 2 -> 1 decode rows, rings part-filled when the third ends), so that the
+    first fused step must find every ring written into its state first: the tokens stay
+    with transformers', in eager mode and with CUDA graphs (4 decode slots per graph)."""
+    max_tokens = [6, 11, 21, NEW]
+    eager, graphs = eager_and_graphs(
+        checkpoint, max_tokens, max_num_seqs=4, fused_max_batch_heads=16, deferred_state_writes=4
+    )
+    assert graphs["tokens"] == eager["tokens"]
+    kernels = [row[0] for row in eager["profile"]]  # one sequence: the fused tail
+    assert any("_mamba2_decode_kernel" in k for k in kernels), kernels
+    agree = agreement(eager["tokens"], reference)
+    print("deferred writes, switching paths: tokens equal to transformers' before:", agree)
+    assert sum(a == n for a, n in zip(agree, max_tokens)) >= len(PROMPTS) - 1
 
 
 def test_moe_fp32_matches_builtin_and_transformers(tmp_path):

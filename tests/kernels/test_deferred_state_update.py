@@ -168,6 +168,26 @@ def test_flush_matches_reference(device, state_dtype):
         assert torch.equal(t["state"].ring_len.cpu(), want.ring_len)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.int8])
+def test_flush_of_empty_rings_reads_and_writes_no_state(device, state_dtype):
+    """The engine flushes every slot before a fused per-step decode step: slots whose rings
+    are empty keep their state exactly as stored (an int8 row whose largest value is not
+    +-127, which a write would re-quantize, included)."""
+    shapes, act = on(device)
+    for shape in shapes:
+        t = step_inputs(device, shape, 4, state_dtype, act, 8)
+        state = t["state"]
+        state.ring_len.zero_()
+        if state_dtype == torch.int8:
+            state.checkpoint.copy_(state.checkpoint // 2)
+        before = copy_state(state)
+        flush_deferred_state(state, t["A"], t["state_slots"], null_slot=0)
+        assert torch.equal(state.checkpoint.cpu(), before.checkpoint)
+        if state_dtype == torch.int8:
+            assert torch.equal(state.checkpoint_scale.cpu(), before.checkpoint_scale)
+
+
 @pytest.mark.parametrize("state_dtype", FORMATS)
 def test_cpu_path_matches_reference(state_dtype):
     """The CPU serving path (vectorised PyTorch) against the literal reference, 2 rings."""

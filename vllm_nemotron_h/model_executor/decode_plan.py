@@ -10,6 +10,13 @@ projection) with the ops' own checks, then per step it launches the kernels dire
 runs the CPU paths): the decode tail, the prefill's slot copies and its gated group norm.
 With deferred writes the plan also writes a prefill's rings into their states before it
 reads them, and empties them after it writes the final states.
+
+Deferred writes pay where the state update dominates: at the batch sizes where the device
+table fuses the whole tail into one launch (small batches), the state is written every token
+by the fused tail instead, which needs every ring of the step's rows empty. The group's
+metadata builder keeps that so: before the first such step after a deferred one it writes
+every slot's ring into its state (``LayerPlan.flush_all_rings``), and while the fused tail
+runs no ring fills.
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ class DecodePlan:
             else None
         )
         self._launches: dict[DecodeShape, tuple[DecodeLaunch, ...]] = {}
+        # With deferred writes: the per-step launches of the group's layer shape, whose fused
+        # batch sizes write the state every token (see the module doc).
+        self._per_step: tuple[DecodeLaunch, ...] = ()
 
     def launches(self, shape: DecodeShape) -> tuple[DecodeLaunch, ...]:
         """The launch of every batch size 0..max_batch for a layer shape, resolved once."""
@@ -69,6 +79,17 @@ class DecodePlan:
                     )
             self._launches[shape] = table
         return self._launches[shape]
+
+    def per_step_launches(self, shape: DecodeShape) -> tuple[DecodeLaunch, ...]:
+        """The launches of a layer with deferred writes at the batch sizes that write the state
+        every token (its shape without the ring); remembered for ``writes_every_token``."""
+        self._per_step = self.launches(replace(shape, ring_size=0))
+        return self._per_step
+
+    def writes_every_token(self, batch: int) -> bool:
+        """Whether ``batch`` decode rows of a layer with deferred writes run the fused per-step
+        tail (their rings must then be empty)."""
+        return batch < len(self._per_step) and self._per_step[batch].fused
 
 
 @dataclass
@@ -174,6 +195,13 @@ class LayerPlan:
         self.workspace = plan.workspace
         self.shape = DecodeShape.of(xbc, self.layer)
         self.launches = plan.launches(self.shape) if self.on_triton else ()
+        # With deferred writes on the GPU: the fused per-step tail where the table fuses (the
+        # rings empty then), and every slot for the builder's flush before such steps.
+        self.per_step_layer, self.per_step_launches, self.all_slots = None, (), None
+        if deferred is not None and self.on_triton:
+            self.per_step_layer = replace(self.layer, deferred=None)
+            self.per_step_launches = plan.per_step_launches(self.shape)
+            self.all_slots = torch.arange(ssm_state.shape[0], device=ssm_state.device)
         # (BLOCK_M, num_warps) of a prefill's ring flush (a few rows: the small-batch tile)
         self.flush_config = (
             deferred_op.launch_config(
@@ -208,6 +236,9 @@ class LayerPlan:
             mamba2_decode_cpu(self.layer, step)
             return
         batch = xbc.shape[0]
+        if batch < len(self.per_step_launches) and self.per_step_launches[batch].fused:
+            decode_op.run(self.per_step_launches[batch], self.per_step_layer, step, self.workspace)
+            return
         launch = self.launches[batch] if batch < len(self.launches) else self._beyond_table(batch)
         decode_op.run(launch, self.layer, step, self.workspace)
 
@@ -245,6 +276,11 @@ class LayerPlan:
             deferred_kernel.launch(self.deferred, flush, *self.flush_config)
         else:
             deferred_state_update_cpu(self.deferred, flush)
+
+    def flush_all_rings(self) -> None:
+        """With deferred writes on the GPU, writes every slot's ring into its state (before a
+        step of the fused per-step tail, which reads the states alone)."""
+        self.flush_rings(self.all_slots)
 
     def empty_rings(self, slots: torch.Tensor) -> None:
         """With deferred writes, empties the rings of ``slots`` (int64; their checkpoints

@@ -109,7 +109,11 @@ def describe(vllm_config: VllmConfig) -> str:
         )
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path; RMSNorm vLLM's"
     elif layout.ring_size:
-        decode = "the plugin's Triton kernels (conv update, deferred state update, group norm)"
+        decode = (
+            "the plugin's Triton kernels (fused conv + state update + gated norm, writing the "
+            "state every token, up to the device table's batch x heads; conv update, deferred "
+            "state update, group norm above)"
+        )
         prefill, moe = "kernels", "MoE layers vLLM's"
     else:
         decode = (

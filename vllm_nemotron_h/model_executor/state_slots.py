@@ -14,6 +14,11 @@ row (the boundary's builder says which rows): the builder zeroes those rows' slo
 state tensor (conv, SSM, scales, rings) of every layer of its group before the step, so the
 decode starts from the empty state a prefill would, in eager mode and in a replayed CUDA
 graph alike.
+
+With deferred writes the builder also keeps the rings empty wherever a decode step runs the
+fused per-step tail (the small batch sizes of the device table, decode_plan.py): before the
+first such step after a step that deferred, every layer of the group writes every slot's
+ring into its state, outside any CUDA graph.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         nheads, head_dim, _ = kv_cache_spec.shapes[1]  # the SSM state of one slot
         self.decode_plan = DecodePlan(max_rows, nheads, head_dim, torch.device(device))
         self.deferred_writes = state_layout(vllm_config).ring_size > 0
+        self.rings_may_hold_tokens = False  # a decode step has deferred since the last flush
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
         metadata.state_slots_d = metadata.state_slots_d_int32 = None
@@ -86,7 +92,19 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 metadata.state_slots_d_int32 = metadata.state_slots_d.to(torch.int32)
             if metadata.first_token_rows_d is not None and len(metadata.first_token_rows_d):
                 self.zero_slots(slots[metadata.first_token_rows_d.to(slots.device)].long())
+            if self.deferred_writes:
+                self.keep_rings_empty_for_fused_steps(rows)
         return metadata
+
+    def keep_rings_empty_for_fused_steps(self, rows: int) -> None:
+        # ``rows`` is the decode batch the layers see (padded like the CUDA graph they replay)
+        if not self.decode_plan.writes_every_token(rows):
+            self.rings_may_hold_tokens = True
+        elif self.rings_may_hold_tokens:
+            for mixer in mixers_of(self.vllm_config, self.layer_names):
+                if mixer.plan is not None and mixer.plan.kv_cache is mixer.kv_cache:
+                    mixer.plan.flush_all_rings()
+            self.rings_may_hold_tokens = False
 
     def zero_slots(self, slots: torch.Tensor) -> None:
         """Zeroes ``slots`` (int64) in every state tensor of the group's layers."""

@@ -11,7 +11,8 @@ the ring (x per row; dt per head; B per group, written by the group's first head
 the others only from the next step on). On the step that fills the ring (or with no token:
 APPEND off) the rows' state is rebuilt from the checkpoint and the ring token by token, as
 the per-step update would have, and written back in the checkpoint's format; the ring
-empties. The head's ring length is read and written by its program alone.
+empties (a flush of an empty ring reads and writes no state). The head's ring length is
+read and written by its program alone.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def _deferred_state_update_kernel(
         write_back = n == RING - 1
     else:
         keep_k = ks < 0
-        write_back = n >= 0
+        write_back = n > 0
+        # an empty ring: its state is already whole, nothing is read or written
+        live = live & ((rows * 0 + n) > 0)
+        tile_ok = live[:, None] & col_ok[None, :]
 
     # What the head's rows share, loaded and reduced once: the ring's dt, its B . C, the
     # token's dt and B, the decays.
