@@ -194,23 +194,24 @@ class LayerPlan:
         self.on_triton = use_triton(xbc)
         self.workspace = plan.workspace
         self.shape = DecodeShape.of(xbc, self.layer)
-        self.launches = plan.launches(self.shape) if self.on_triton else ()
-        # With deferred writes on the GPU: the fused per-step tail where the table fuses (the
-        # rings empty then), and every slot for the builder's flush before such steps.
-        self.per_step_layer, self.per_step_launches, self.all_slots = None, (), None
+        # Per batch size, the launch and the layer view it runs on. With deferred writes on the
+        # GPU: the fused per-step tail where the table fuses (the builder keeps those rows'
+        # rings empty), the deferred update elsewhere; every slot for the builder's flush, and
+        # the (BLOCK_M, num_warps) of a flush (a few rows: the small-batch tile).
+        launches = plan.launches(self.shape) if self.on_triton else ()
+        self.launches = tuple((launch, self.layer) for launch in launches)
+        self.all_slots = self.flush_config = None
         if deferred is not None and self.on_triton:
-            self.per_step_layer = replace(self.layer, deferred=None)
-            self.per_step_launches = plan.per_step_launches(self.shape)
+            per_step_layer = replace(self.layer, deferred=None)
+            self.launches = tuple(
+                (per_step, per_step_layer) if per_step.fused else (launch, self.layer)
+                for per_step, launch in zip(plan.per_step_launches(self.shape), launches)
+            )
             self.all_slots = torch.arange(ssm_state.shape[0], device=ssm_state.device)
-        # (BLOCK_M, num_warps) of a prefill's ring flush (a few rows: the small-batch tile)
-        self.flush_config = (
-            deferred_op.launch_config(
+            self.flush_config = deferred_op.launch_config(
                 xbc.device, self.shape.head_dim, self.shape.d_state, ssm_state.dtype, 1,
                 self.shape.head_dim,
-            )
-            if deferred is not None and self.on_triton
-            else None
-        )  # fmt: skip
+            )  # fmt: skip
         native = not self.on_triton and runs_native_cpu_decode(
             ssm_scale is not None, deferred is not None
         )
@@ -236,11 +237,11 @@ class LayerPlan:
             mamba2_decode_cpu(self.layer, step)
             return
         batch = xbc.shape[0]
-        if batch < len(self.per_step_launches) and self.per_step_launches[batch].fused:
-            decode_op.run(self.per_step_launches[batch], self.per_step_layer, step, self.workspace)
-            return
-        launch = self.launches[batch] if batch < len(self.launches) else self._beyond_table(batch)
-        decode_op.run(launch, self.layer, step, self.workspace)
+        if batch < len(self.launches):
+            launch, layer = self.launches[batch]
+        else:
+            launch, layer = self._beyond_table(batch), self.layer
+        decode_op.run(launch, layer, step, self.workspace)
 
     def _beyond_table(self, batch: int) -> DecodeLaunch:
         # More rows than max_num_seqs (a padded CUDA-graph batch): resolved and checked here.
