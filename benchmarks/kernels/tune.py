@@ -70,7 +70,7 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
             cfgs = [(bm, w) for bm in tiles for w in warps if bm <= max_rows]
             if kernel == "deferred_state_update":  # a head per program, in tiles of rows
                 cfgs = [
-                    (bm, w) for bm in (8, 16, 32, 64) if shape.head_dim % bm == 0 for w in warps
+                    (bm, w) for bm in (16, 32, 64, 128) if bm < 2 * shape.head_dim for w in warps
                 ]
                 call = lambda cfg: dsu.ours(dsu.inputs(shape, batch, sdt), cfg)  # noqa: E731
                 nbytes = int(dsu.nbytes(shape, batch, sdt))

@@ -111,13 +111,14 @@ def test_every_ring_position_matches_reference(device, state_dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_m", [4, 8, 16, 32, 64])
+@pytest.mark.parametrize("block_m", [4, 16, 32, 64, 128])
 def test_every_tile_size(device, block_m):
-    """A program walks its head in tiles of BLOCK_M rows (head_dim 80: five of 16): one
-    step at random ring lengths, the rows that write back included, against the reference."""
+    """A program walks its head in tiles of BLOCK_M rows (head_dim 80: five of 16, or three
+    of 32 with the last one half masked): one step at random ring lengths, the rows that
+    write back included, against the reference."""
     shapes, act = on(device)
     for shape in shapes:
-        if shape[1] % block_m:
+        if block_m > 1 << (shape[1] - 1).bit_length():  # beyond the head's rows
             continue
         t = step_inputs(device, shape, 3, torch.float32, act, 4)
         want = copy_state(t["state"])
@@ -128,10 +129,11 @@ def test_every_tile_size(device, block_m):
         assert_checkpoints_close(t["state"], want, TOL[act])
 
 
-def test_tile_not_dividing_head_dim_raises():
+@pytest.mark.parametrize("block_m", [0, 24, 256])
+def test_tile_not_a_power_of_two_up_to_head_dim_raises(block_m):
     t = step_inputs("cpu", (4, 80, 16, 2), 2, torch.float32, torch.float32, 4)
-    with pytest.raises(ValueError, match="BLOCK_M=32 must be a power of two dividing"):
-        deferred_state_update(t["state"], step_of(t), config=(32, 4))
+    with pytest.raises(ValueError, match=f"BLOCK_M={block_m} must be a power of two up to 128"):
+        deferred_state_update(t["state"], step_of(t), config=(block_m, 4))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -224,6 +226,33 @@ def test_nan_and_corrupt_lengths_stay_in_their_slot(device):
     assert torch.equal(t["state"].ring_len.cpu(), want.ring_len)
     others = [s for s in slots.tolist() if s != int(slots[3])]
     assert torch.isfinite(values(t["state"])[others]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.int8])
+def test_ring_entries_past_the_length_never_reach_results(device, state_dtype):
+    """The kernel loads a ring's dt and B before it knows the ring's length: entries past it
+    (NaN here, as a fresh cache may hold) must not reach the output, the checkpoint written
+    back or the ring."""
+    shapes, act = on(device)
+    t = step_inputs(device, shapes[0], 4, state_dtype, act, 8)
+    state = t["state"]
+    pos = torch.arange(state.ring_size, device=state.ring_len.device)
+    state.ring_len[t["state_slots"][1]] = state.ring_size - 1  # this slot writes back
+    past = pos[None, None, :] >= state.ring_len[:, :, None]
+    state.ring_dt[past] = float("nan")
+    state.ring_x[past] = float("nan")
+    state.ring_B[past[:, : state.ring_B.shape[1]]] = float("nan")  # lengths equal per slot
+    want = copy_state(state)
+    ref = deferred_state_update_reference(want, step_of(t))
+    out = deferred_state_update(state, step_of(t))
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < tolerance(state_dtype, act, device)
+    assert torch.equal(state.ring_len.cpu(), want.ring_len)
+    assert torch.isfinite(values(state)).all()
+    assert_checkpoints_close(state, want, tolerance(state_dtype, act, device))
+    kept = pos[None, None, :] < state.ring_len[:, :, None]
+    assert torch.isfinite(state.ring_x[kept]).all() and torch.isfinite(state.ring_dt[kept]).all()
 
 
 @pytest.mark.parametrize(

@@ -209,9 +209,8 @@ class LayerPlan:
             )
             self.all_slots = torch.arange(ssm_state.shape[0], device=ssm_state.device)
             self.flush_config = deferred_op.launch_config(
-                xbc.device, self.shape.head_dim, self.shape.d_state, ssm_state.dtype, 1,
-                self.shape.head_dim,
-            )  # fmt: skip
+                xbc.device, self.shape.head_dim, self.shape.d_state, ssm_state.dtype, 1
+            )
         native = not self.on_triton and runs_native_cpu_decode(
             ssm_scale is not None, deferred is not None
         )

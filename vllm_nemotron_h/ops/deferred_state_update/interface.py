@@ -28,10 +28,10 @@ Supported: ops/support.py (head_dim, d_state, ring sizes; ngroups dividing nhead
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import torch
+import triton
 
 from vllm_nemotron_h.ops import launch_config as configs
 from vllm_nemotron_h.ops.deferred_state_update import kernel
@@ -50,16 +50,29 @@ from vllm_nemotron_h.ops.support import (
     use_triton,
 )
 
-# (BLOCK_M rows of a head per tile, num_warps) from the device's table:
-# launch_config(device, head_dim, d_state, state_dtype, batch x heads, head_dim).
-launch_config = functools.partial(configs.plane_tile_config, "deferred_state_update")
+
+@configs.cached
+def launch_config(
+    device: torch.device, head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int
+) -> tuple[int, int]:
+    """(BLOCK_M rows of a head per tile, num_warps) from the device's table, keyed by
+    "head_dim,d_state,state bytes"; untuned shapes: the whole head in one tile up to about
+    16 KB of state, 4 warps."""
+    key = f"{head_dim},{d_state},{state_dtype.itemsize}"
+    rows = (configs.table("deferred_state_update", device) or {}).get(key)
+    per_16kb = 16384 // (triton.next_power_of_2(d_state) * state_dtype.itemsize)
+    return configs.first_fit(rows, batch_heads) or (
+        max(1, min(triton.next_power_of_2(head_dim), per_16kb)),
+        4,
+    )
 
 
 def check_config(config: tuple[int, int], head_dim: int) -> None:
-    block_m = config[0]
-    if block_m <= 0 or block_m & (block_m - 1) or head_dim % block_m:
+    # The last tile of a head is masked where BLOCK_M does not divide head_dim.
+    block_m, most = config[0], triton.next_power_of_2(head_dim)
+    if block_m < 1 or block_m > most or block_m & (block_m - 1):
         raise ValueError(
-            f"config BLOCK_M={block_m} must be a power of two dividing head_dim={head_dim}"
+            f"config BLOCK_M={block_m} must be a power of two up to {most} (head_dim={head_dim})"
         )
 
 
@@ -132,7 +145,7 @@ def deferred_state_update(
         return step.out
     cp = state.checkpoint
     block_m, num_warps = config or launch_config(
-        x.device, head_dim, cp.shape[-1], cp.dtype, batch * nheads, head_dim
+        x.device, head_dim, cp.shape[-1], cp.dtype, batch * nheads
     )
     kernel.launch(state, step, block_m, num_warps)
     return step.out
@@ -159,6 +172,6 @@ def flush_deferred_state(
         return
     _, nheads, head_dim, d_state = cp.shape
     block_m, num_warps = config or launch_config(
-        cp.device, head_dim, d_state, cp.dtype, state_slots.shape[0] * nheads, head_dim
+        cp.device, head_dim, d_state, cp.dtype, state_slots.shape[0] * nheads
     )
     kernel.launch(state, flush, block_m, num_warps)

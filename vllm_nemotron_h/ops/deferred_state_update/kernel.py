@@ -1,18 +1,20 @@
 """The Triton kernel of the state update with deferred writes and its launch (no checks): see
 interface.py for the math and layout.py for the state.
 
-One program owns one head of one sequence. What the head's rows share is loaded and reduced
-once: the ring's dt and its B . C (the group's ring B read once per head, not per row
-block), this token's dt and B, the decays. Then it walks the head's rows in tiles of BLOCK_M:
-on a step that does not write back, a row costs one read of its checkpoint row (and, for an
-int8 checkpoint, its scale) and of its ring x: y is the checkpoint decayed over the ring,
-dotted with C, plus the ring's tokens weighted by their decays and B . C. The token joins
-the ring (x per row; dt per head; B per group, written by the group's first head, read by
-the others only from the next step on). On the step that fills the ring (or with no token:
-APPEND off) the rows' state is rebuilt from the checkpoint and the ring token by token, as
-the per-step update would have, and written back in the checkpoint's format; the ring
-empties (a flush of an empty ring reads and writes no state). The head's ring length is
-read and written by its program alone.
+One program owns one head of one sequence. The first tile of checkpoint rows is loaded as
+soon as the slot is known, and the ring's dt and B (entries past the ring length zeroed
+after the load) beside the ring length, so that the loads a step waits on come in two
+rounds, not four. What the head's rows share is reduced once: the ring's B . C, the decays,
+each ring token's weight. Then it walks the head's rows in tiles of BLOCK_M (the last one
+masked where BLOCK_M does not divide head_dim): on a step that does not write back, a row
+costs one read of its checkpoint row (and, for an int8 checkpoint, its scale) and of its ring
+x: y is the checkpoint decayed over the ring, dotted with C, plus the ring's tokens weighted
+by their decays and B . C. The token joins the ring (x per row; dt per head; B per group,
+written by the group's first head, read by the others only from the next step on). On the
+step that fills the ring (or with no token: APPEND off) the rows' state is rebuilt from the
+checkpoint and the ring token by token, as the per-step update would have, and written back
+in the checkpoint's format; the ring empties (a flush of an empty ring reads and writes no
+state). The head's ring length is read and written by its program alone.
 """
 
 from __future__ import annotations
@@ -23,6 +25,20 @@ import triton.language as tl
 from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, RingFlush
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.triton_helpers import load_state_tile, softplus, store_state_tile
+
+
+@triton.jit
+def _load_rows(
+    state_head, scale_head, p, s_dim, cols, col_ok, live_slot, HEAD_DIM: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+):  # fmt: skip
+    """Rows ``p`` of the head's checkpoint as stored, their scales, and their masks."""
+    live = live_slot & (p < HEAD_DIM)
+    tile_ok = live[:, None] & col_ok[None, :]
+    state_ptrs = state_head + p[:, None] * s_dim + cols[None, :]
+    scale_ptrs = scale_head + p
+    s, row_scale = load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED)
+    return s, row_scale, live, tile_ok, state_ptrs, scale_ptrs
 
 
 @triton.jit
@@ -66,14 +82,41 @@ def _deferred_state_update_kernel(
     col_ok = cols < d_state
     rows = tl.arange(0, BLOCK_M)
     # Per-element copies of the slot test (a scalar mask breaks the Triton interpreter).
-    live = (rows * 0 + slot) != null_slot
+    live_slot = (rows * 0 + slot) != null_slot
     live_k = (ks * 0 + slot) != null_slot
-    tile_ok = live[:, None] & col_ok[None, :]
-    # The head's ring length, read as RING copies of one address (masked per element).
+    state_head = state_ptr + slot * s_slot + h * s_head
+    scale_head = scale_ptr + slot * sc_slot + h * sc_head
+    ring_dt_ptrs = ring_dt_ptr + slot * rdt_slot + h * rdt_head
+    ring_B_ptrs = ring_B_ptr + slot * rB_slot + g * rB_group + cols
+    ring_x_head = ring_x_ptr + slot * rx_slot + h * rx_head
+    if APPEND:  # issued first: the first tile's load waits on the slot alone
+        first_tile = _load_rows(
+            state_head, scale_head, rows, s_dim, cols, col_ok, live_slot, HEAD_DIM, QUANTIZED
+        )
+    # The head's ring length, read as RING copies of one address (masked per element), and
+    # the whole ring beside it; entries past the length are zeroed once it is known.
     len_ptrs = ring_len_ptr + slot * rl_slot + h + ks * 0
-    n = tl.max(tl.load(len_ptrs, mask=live_k, other=0), axis=0)
+    n = tl.load(len_ptrs, mask=live_k, other=0)
+    dts = tl.load(ring_dt_ptrs + ks, mask=live_k, other=0.0)
+    A = tl.load(A_ptr + h)
+    now_dt = 0.0
+    now_B = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if APPEND:
+        Bk = tl.load(
+            ring_B_ptrs[None, :] + ks[:, None] * rB_pos,
+            mask=live_k[:, None] & col_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        now_B = tl.load(B_ptr + b * B_b + g * B_g + cols, mask=col_ok, other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptr + b * C_b + g * C_g + cols, mask=col_ok, other=0.0).to(tl.float32)
+        now_dt = softplus(
+            tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+        )
+        D = tl.load(D_ptr + h)
+    n = tl.max(n, axis=0)
     n = tl.minimum(tl.maximum(n, 0), RING - 1)  # a corrupt length never reads outside
     in_ring = live_k & (ks < n)
+    dts = tl.where(in_ring, dts, 0.0)
     if APPEND:  # the token joins the ring unless it fills it: then the ring is written back
         keep_k = live_k & (ks == n) & ((ks * 0 + n) < RING - 1)
         write_back = n == RING - 1
@@ -81,36 +124,18 @@ def _deferred_state_update_kernel(
         keep_k = ks < 0
         write_back = n > 0
         # an empty ring: its state is already whole, nothing is read or written
-        live = live & ((rows * 0 + n) > 0)
-        tile_ok = live[:, None] & col_ok[None, :]
-
-    # What the head's rows share, loaded and reduced once: the ring's dt, its B . C, the
-    # token's dt and B, the decays.
-    ring_dt_ptrs = ring_dt_ptr + slot * rdt_slot + h * rdt_head
-    ring_B_ptrs = ring_B_ptr + slot * rB_slot + g * rB_group + cols
-    ring_x_head = ring_x_ptr + slot * rx_slot + h * rx_head
-    state_head = state_ptr + slot * s_slot + h * s_head
-    scale_head = scale_ptr + slot * sc_slot + h * sc_head
-    A = tl.load(A_ptr + h)
-    dts = tl.load(ring_dt_ptrs + ks, mask=in_ring, other=0.0)
-    now_dt = 0.0
-    now_B = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if APPEND:
-        now_B = tl.load(B_ptr + b * B_b + g * B_g + cols, mask=col_ok, other=0.0).to(tl.float32)
-        Cv = tl.load(C_ptr + b * C_b + g * C_g + cols, mask=col_ok, other=0.0).to(tl.float32)
-        now_dt = softplus(
-            tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+        live_slot = live_slot & ((rows * 0 + n) > 0)
+        first_tile = _load_rows(
+            state_head, scale_head, rows, s_dim, cols, col_ok, live_slot, HEAD_DIM, QUANTIZED
         )
-        D = tl.load(D_ptr + h)
-        Bk = tl.load(
-            ring_B_ptrs[None, :] + ks[:, None] * rB_pos,
-            mask=in_ring[:, None] & col_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)
+
+    if APPEND:
         # y = exp(A sum dt) (checkpoint . C) + sum_k w_k (B_k . C) x_k + this token's terms,
-        # w_k = dt_k exp(A x the later tokens' dt).
+        # w_k = dt_k exp(A x the later tokens' dt). Entries past the length may hold
+        # anything (NaN too): their B . C and x are zeroed, not multiplied by zero.
         after = tl.cumsum(dts, axis=0, reverse=True) - dts + now_dt
-        coef = dts * tl.exp(A * after) * tl.sum(Bk * Cv[None, :], axis=1)
+        bc = tl.where(in_ring, tl.sum(Bk * Cv[None, :], axis=1), 0.0)
+        coef = dts * tl.exp(A * after) * bc
         decay = tl.exp(A * (tl.sum(dts, axis=0) + now_dt))
         now_coef = now_dt * tl.sum(now_B * Cv, axis=0) + D
         # The head's dt joins the ring here; B by the group's first head (the others read
@@ -118,13 +143,19 @@ def _deferred_state_update_kernel(
         tl.store(ring_dt_ptrs + ks, now_dt + ks * 0.0, mask=keep_k)
         B_mask = (keep_k & ((ks * 0 + h % heads_per_group) == 0))[:, None] & col_ok[None, :]
         B_ptrs = ring_B_ptrs[None, :] + ks[:, None] * rB_pos
-        tl.store(B_ptrs, (now_B[None, :] + Bk * 0.0).to(ring_B_ptr.dtype.element_ty), mask=B_mask)
+        B_new = now_B[None, :] + tl.zeros([RING, BLOCK_N], dtype=tl.float32)
+        tl.store(B_ptrs, B_new.to(ring_B_ptr.dtype.element_ty), mask=B_mask)
+        kept = (rows * 0 + tl.sum(keep_k.to(tl.int32), axis=0)) != 0
 
     for first in tl.static_range(0, HEAD_DIM, BLOCK_M):
+        if first == 0:
+            s0, row_scale, live, tile_ok, state_ptrs, scale_ptrs = first_tile
+        else:
+            s0, row_scale, live, tile_ok, state_ptrs, scale_ptrs = _load_rows(
+                state_head, scale_head, first + rows, s_dim, cols, col_ok, live_slot, HEAD_DIM,
+                QUANTIZED,
+            )  # fmt: skip
         p = first + rows
-        state_ptrs = state_head + p[:, None] * s_dim + cols[None, :]
-        scale_ptrs = scale_head + p
-        s0, row_scale = load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED)
         ring_x_ptrs = ring_x_head + p
         now_x = tl.zeros([BLOCK_M], dtype=tl.float32)
         if APPEND:
@@ -138,8 +169,9 @@ def _deferred_state_update_kernel(
                 z = tl.load(z_ptr + b * z_b + h * z_h + p, mask=live, other=0.0).to(tl.float32)
                 y = y * z * tl.sigmoid(z)
             y = tl.where(live, y, 0.0)
-            tl.store(out_ptr + b * o_b + h * o_h + p, y.to(out_ptr.dtype.element_ty))
-            kept = (rows * 0 + tl.sum(keep_k.to(tl.int32), axis=0)) != 0
+            # a null slot's rows are written as zeros; rows past the head are not written
+            out_ptrs = out_ptr + b * o_b + h * o_h + p
+            tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=p < HEAD_DIM)
             x_new = x_in.to(ring_x_ptr.dtype.element_ty)
             tl.store(ring_x_ptrs + n * rx_pos, x_new, mask=live & kept)
         if write_back:

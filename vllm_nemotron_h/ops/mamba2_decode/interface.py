@@ -143,9 +143,8 @@ def resolve_launch(shape: DecodeShape, batch: int) -> DecodeLaunch:
     fused = _fused_tile_fits(shape, fused_config[0]) and batch_heads <= fused_max
     if shape.ring_size:  # tiles of one head's rows
         ssu_config = deferred_op.launch_config(
-            shape.device, shape.head_dim, shape.d_state, shape.state_dtype, batch_heads,
-            shape.head_dim,
-        )  # fmt: skip
+            shape.device, shape.head_dim, shape.d_state, shape.state_dtype, batch_heads
+        )
     else:
         ssu_config = shape.tile_config("selective_state_update", batch_heads)
     return DecodeLaunch(
