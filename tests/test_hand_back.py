@@ -9,13 +9,22 @@ import pytest
 
 from tests.engines import run_engine
 from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, hand_back_reason
-from vllm_nemotron_h.testing.checkpoints import TINY_PRESETS, TINY_VOCAB_SIZE, make_config
+from vllm_nemotron_h.testing.checkpoints import (
+    REAL_SHAPES,
+    TINY_PRESETS,
+    TINY_VOCAB_SIZE,
+    make_config,
+)
 
 
 def vllm_config(
-    ssm_state: str = "auto", spec_tokens: int = 0, use_replayssm: bool = False, **hf_changes
+    ssm_state: str = "auto",
+    spec_tokens: int = 0,
+    use_replayssm: bool = False,
+    preset: dict | None = None,
+    **hf_changes,
 ) -> SimpleNamespace:
-    hf = make_config(TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
+    hf = make_config(preset or TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
     for field, value in hf_changes.items():
         setattr(hf, field, value)
     return SimpleNamespace(
@@ -41,6 +50,14 @@ def test_reason_names_the_field(changes, named):
     assert hand_back_reason(vllm_config(**changes)).startswith(named)
     with pytest.raises(UnsupportedConfigError, match=f"'int8' needs the plugin's model.*{named}"):
         hand_back_reason(vllm_config("int8", **changes))
+
+
+@pytest.mark.parametrize("model", sorted(REAL_SHAPES))
+@pytest.mark.parametrize("ssm_state", ["auto", "int8"])
+def test_published_configs_run_on_the_plugin(model, ssm_state):
+    """The family's published configs (config only: no weights on CPU) are the plugin's to
+    build, with every state format."""
+    assert hand_back_reason(vllm_config(ssm_state, preset=REAL_SHAPES[model])) is None
 
 
 @pytest.mark.engine

@@ -82,6 +82,21 @@ REAL_SHAPES: dict[str, dict[str, Any]] = {
             15680,
         )
     ),  # fmt: skip
+    # n_groups: the model card lists no Mamba group count; 8 as the 9B distilled from it
+    "nano-12b-v2": preset(
+        (
+            "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-",
+            5120,
+            128,
+            80,
+            128,
+            8,
+            40,
+            8,
+            128,
+            20480,
+        )
+    ),  # fmt: skip
     "nano-v3-30b": preset(
         (
             "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
