@@ -31,8 +31,9 @@ TUNABLE = (
 FUSED_TUNE_MAX = 32  # the fused tail runs at small batches only (its device table's limit)
 
 
-def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) -> None:
-    """Times every config, appends one row per config and prints the winner."""
+def best_config(label: str, configs, make_call, nbytes: int, rows: list, out: Path, **key) -> None:
+    """Times every config, appends one row per config, prints the winner and rewrites the
+    sweep's JSON (a sweep cut short keeps what it measured)."""
     import harness
 
     timed = []
@@ -42,9 +43,10 @@ def best_config(label: str, configs, make_call, nbytes: int, rows: list, **key) 
         timed.append((us, cfg))
     us, cfg = min(timed)
     print(f"tune {label} best {cfg} {us:8.2f}us", flush=True)
+    out.write_text(json.dumps(rows, indent=1))
 
 
-def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
+def sweep(models, quick: bool, kernels, batches, state_dtypes, out: Path) -> list:
     import causal_conv1d_update as conv
     import deferred_state_update as dsu
     import harness
@@ -82,7 +84,7 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
                 nbytes = decode.fused_nbytes(shape, batch, sdt)
             best_config(
                 f"{kernel:22s} {model:12s} {harness.dtype_name(sdt):9s} B={batch:4d}",
-                cfgs, call, nbytes, rows,
+                cfgs, call, nbytes, rows, out,
                 kernel=kernel, model=model, state_dtype=harness.dtype_name(sdt), batch=batch,
             )  # fmt: skip
         if "causal_conv1d_update" not in kernels:
@@ -95,6 +97,7 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes) -> list:
                 lambda cfg: conv.ours(conv.inputs(shape, batch), cfg),
                 conv.nbytes(shape, batch),
                 rows,
+                out,
                 kernel="causal_conv1d_update",
                 model=model,
                 batch=batch,
@@ -161,15 +164,15 @@ def main() -> None:
     import harness
 
     print(f"copy roofline {harness.copy_roofline() / 1e9:.0f} GB/s", flush=True)
-    rows = sweep(
+    out = args.output or harness.RESULTS / f"kernel-tuning-{harness.device_tag()}.json"
+    sweep(
         args.models.split(","),
         args.quick,
         args.kernels.split(","),
         [int(b) for b in args.batches.split(",")],
         [getattr(torch, d) for d in args.state_dtypes.split(",")],
+        out,
     )
-    out = args.output or harness.RESULTS / f"kernel-tuning-{harness.device_tag()}.json"
-    out.write_text(json.dumps(rows, indent=1))
     print("wrote", out)
 
 
