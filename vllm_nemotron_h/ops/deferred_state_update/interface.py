@@ -56,15 +56,15 @@ def launch_config(
     device: torch.device, head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int
 ) -> tuple[int, int]:
     """(BLOCK_M rows of a head per tile, num_warps) from the device's table, keyed by
-    "head_dim,d_state,state bytes"; untuned shapes: the whole head in one tile up to about
-    16 KB of state, 4 warps."""
+    "head_dim,d_state,state bytes". Untuned shapes and devices take what the H100 sweeps
+    chose for every format: the whole head in one tile of 4 warps while a launch has few
+    programs (batch x heads <= 128), then tiles of up to 32 rows in one warp (the kernel is
+    held by its registers: small programs, many of them)."""
     key = f"{head_dim},{d_state},{state_dtype.itemsize}"
     rows = (configs.table("deferred_state_update", device) or {}).get(key)
-    per_16kb = 16384 // (triton.next_power_of_2(d_state) * state_dtype.itemsize)
-    return configs.first_fit(rows, batch_heads) or (
-        max(1, min(triton.next_power_of_2(head_dim), per_16kb)),
-        4,
-    )
+    head_rows = triton.next_power_of_2(head_dim)
+    untuned = (head_rows, 4) if batch_heads <= 128 else (min(32, head_rows), 1)
+    return configs.first_fit(rows, batch_heads) or untuned
 
 
 def check_config(config: tuple[int, int], head_dim: int) -> None:
