@@ -94,7 +94,8 @@ def _deferred_state_update_kernel(
             state_head, scale_head, rows, s_dim, cols, col_ok, live_slot, HEAD_DIM, QUANTIZED
         )
     # The head's ring length, read as RING copies of one address (masked per element), and
-    # the whole ring beside it; entries past the length are zeroed once it is known.
+    # the ring's dt and B beside it, entries past the length zeroed once it is known (x is
+    # read per tile, up to the length).
     len_ptrs = ring_len_ptr + slot * rl_slot + h + ks * 0
     n = tl.load(len_ptrs, mask=live_k, other=0)
     dts = tl.load(ring_dt_ptrs + ks, mask=live_k, other=0.0)
@@ -132,7 +133,8 @@ def _deferred_state_update_kernel(
     if APPEND:
         # y = exp(A sum dt) (checkpoint . C) + sum_k w_k (B_k . C) x_k + this token's terms,
         # w_k = dt_k exp(A x the later tokens' dt). Entries past the length may hold
-        # anything (NaN too): their B . C and x are zeroed, not multiplied by zero.
+        # anything (NaN too): their dt and B . C are zeroed (not multiplied by zero) and
+        # their x is not read.
         after = tl.cumsum(dts, axis=0, reverse=True) - dts + now_dt
         bc = tl.where(in_ring, tl.sum(Bk * Cv[None, :], axis=1), 0.0)
         coef = dts * tl.exp(A * after) * bc
