@@ -95,6 +95,14 @@ def largest_tile(block_m: int, group_rows: int) -> int:
     return block_m
 
 
+def state_rows(
+    name: str, device: torch.device, head_dim: int, d_state: int, state_dtype: torch.dtype
+) -> Rows | None:
+    """The rows of a state kernel's table ``name`` for a state shape and format, keyed by
+    "head_dim,d_state,state bytes", or None."""
+    return (table(name, device) or {}).get(f"{head_dim},{d_state},{state_dtype.itemsize}")
+
+
 @cached
 def plane_tile_config(
     name: str,
@@ -108,11 +116,10 @@ def plane_tile_config(
     """(BLOCK_M, num_warps) of a kernel tiling the (head, row) plane of the state, from the
     table ``name`` keyed by "head_dim,d_state,state bytes"; untuned shapes aim for about
     8 KB of state per program (bytes in flight per SM, and enough programs)."""
-    state_bytes = state_dtype.itemsize
-    rows = (table(name, device) or {}).get(f"{head_dim},{d_state},{state_bytes}")
+    rows = state_rows(name, device, head_dim, d_state, state_dtype)
     block_n = triton.next_power_of_2(d_state)
     block_m, warps = first_fit(rows, batch_heads) or (
-        max(4, min(64, 8192 // (block_n * state_bytes))),
+        max(4, min(64, 8192 // (block_n * state_dtype.itemsize))),
         4,
     )
     return largest_tile(block_m, group_rows), warps

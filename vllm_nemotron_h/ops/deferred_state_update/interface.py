@@ -60,8 +60,7 @@ def launch_config(
     chose for every format: the whole head in one tile of 4 warps while a launch has few
     programs (batch x heads <= 128), then tiles of up to 32 rows in one warp (the kernel is
     held by its registers: small programs, many of them)."""
-    key = f"{head_dim},{d_state},{state_dtype.itemsize}"
-    rows = (configs.table("deferred_state_update", device) or {}).get(key)
+    rows = configs.state_rows("deferred_state_update", device, head_dim, d_state, state_dtype)
     head_rows = triton.next_power_of_2(head_dim)
     untuned = (head_rows, 4) if batch_heads <= 128 else (min(32, head_rows), 1)
     return configs.first_fit(rows, batch_heads) or untuned
