@@ -61,9 +61,10 @@ def test_deferred_writes_under_tensor_parallel_give_reference_tokens(tiny_checkp
     assert res["tokens"] == hf_greedy(model, prompts, NEW)
 
 
-def test_prefix_caching_turns_deferred_writes_off_with_a_log_line():
+def test_prefix_caching_and_speculation_turn_deferred_writes_off_with_a_log_line():
     """Prefix caching keeps states at block boundaries, which the ring does not flush for
-    yet: the state is then written every token, and the engine log says why."""
+    yet, and speculative decoding a state per draft token: the state is then written every
+    token, and the engine log says why."""
     from types import SimpleNamespace
 
     from vllm_nemotron_h.model_executor.hybrid_model import writes_description
@@ -71,10 +72,16 @@ def test_prefix_caching_turns_deferred_writes_off_with_a_log_line():
 
     options = {"nemotron_h": {"deferred_state_writes": RING}}
     config = SimpleNamespace(
-        additional_config=options, cache_config=SimpleNamespace(mamba_cache_mode="align")
+        additional_config=options,
+        cache_config=SimpleNamespace(mamba_cache_mode="align"),
+        num_speculative_tokens=None,
     )
     assert state_layout(config).ring_size == 0
     assert "deferred writes asked for, but prefix caching" in writes_description(config)
     config.cache_config.mamba_cache_mode = "none"
     assert state_layout(config).ring_size == RING
     assert writes_description(config).startswith(f"state writes deferred, every {RING} tokens")
+    # Speculative decoding keeps a state per draft token: no ring either.
+    config.num_speculative_tokens = 3
+    assert state_layout(config).ring_size == 0
+    assert "but speculative decoding keeps a state" in writes_description(config)

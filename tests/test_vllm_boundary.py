@@ -60,3 +60,40 @@ def test_plugin_never_imports_testing():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_first_prompt_tokens_with_placeholder_drafts_run_as_decodes():
+    """A prompt's one token scheduled with vLLM 0.32's placeholder drafts (a row of 1 + drafts
+    tokens, no state before it) is marked for the decode path like a one-token prompt; where
+    the split leaves it among the prefills, its placeholder tokens are named for the prefill
+    to pass the state through."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_nemotron_h.vllm_boundary.metadata import PlaceholderPrefills, first_tokens_as_decodes
+
+    # Rows: a decode with 2 drafts, a 3-token prompt, a 1-token prompt with 2 placeholders,
+    # a 1-token prompt, a second chunk of a prompt (state before it).
+    query_start = torch.tensor([0, 3, 6, 9, 10, 13])
+    common = SimpleNamespace(
+        is_prefilling=torch.tensor([False, True, True, True, True]),
+        seq_lens_cpu_upper_bound=torch.tensor([40, 3, 3, 1, 20]),
+        query_start_loc_cpu=query_start,
+        replace=lambda **kw: SimpleNamespace(**{**vars(common), **kw}),
+    )
+    drafts = torch.tensor([2, -1, 2, -1, -1])
+    marked, rows = first_tokens_as_decodes(common, drafts)
+    assert rows.tolist() == [2, 3]
+    assert marked.is_prefilling.tolist() == [False, True, False, False, True]
+    _, rows_without_drafts = first_tokens_as_decodes(common)
+    assert rows_without_drafts.tolist() == [3]
+    # The split stops at the 3-token prompt: one decode row (3 tokens), rows 2 and 3 prefill.
+    metadata = SimpleNamespace(
+        num_decodes=1, num_decode_tokens=3, state_indices_tensor_p=torch.tensor([5, 6, 7, 8])
+    )
+    found = PlaceholderPrefills.of(common, rows, metadata)
+    assert found.rows.tolist() == [1]  # the prefill rows: 3-token prompt, row 2, row 3, row 4
+    assert found.tokens.tolist() == [3]  # prefill-relative: row 2 starts at token 6 - 3
+    assert found.placeholders.tolist() == [4, 5]
+    assert PlaceholderPrefills.of(common, torch.tensor([3]), metadata) is None

@@ -237,35 +237,49 @@ def test_bf16_logprobs_as_accurate_as_builtin(tmp_path):
     assert to_fp32["plugin"] <= 1.1 * to_fp32["builtin"]
 
 
-def test_ngram_speculation_runs_on_the_builtin_model(checkpoint):
-    """With the plugin installed, vLLM's ngram speculation (CUDA graphs) runs on vLLM's model
-    (the plugin decodes one token per step) and gives the plugin's greedy tokens without it.
-    How many drafts vLLM proposes depends on whether this random model's continuations repeat
-    an n-gram of their context: reported, not asserted (its counters must exist)."""
-    prompts = [[1] + [7, 8, 9, 10, 11] * 8, [1] + [30, 31, 32] * 12 + [40]]
-    spec = dict(
-        model=checkpoint,
-        prompts=prompts,
-        max_tokens=NEW,
-        engine=dict(ENGINE, dtype="float32", compilation_config={"cudagraph_capture_sizes": [4]}),
+# Prompts that lead the random model into output that repeats (drafts accepted), and the
+# test prompts (a one-token prompt among them).
+SPECULATION_PROMPTS = [[1] + [7, 8, 9, 10, 11] * 8, [1] + [30, 31, 32] * 12 + [40]] + PROMPTS
+NGRAM = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4, prompt_lookup_min=2)
+
+
+@pytest.mark.parametrize("ssm_state", ["auto", "int8"])
+def test_ngram_speculation_on_the_plugin(checkpoint, ssm_state):
+    """vLLM's ngram speculation (3 draft tokens, CUDA graphs of 1 and 2 rows of 4 tokens)
+    verified by the plugin's speculative tail gives the plugin's greedy tokens without
+    speculation, and, with vLLM's state, vLLM's model's tokens with speculation. The
+    acceptance is reported (and written to $OUT when set)."""
+    engine = dict(
+        ENGINE,
+        dtype="float32",
+        max_num_seqs=2,
+        disable_log_stats=False,
+        compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8]},
+        additional_config={"nemotron_h": {"ssm_state": ssm_state}},
     )
-    plain = run_engine(spec)
-    speculative = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)
-    drafted = run_engine(
-        dict(
-            spec,
-            metrics=True,
-            engine=dict(
-                spec["engine"],
-                disable_log_stats=False,
-                speculative_config=dict(speculative, prompt_lookup_min=2),
-            ),
-        )
-    )
-    assert plain["model_class"].startswith("vllm_nemotron_h.")
-    assert drafted["model_class"] == "vllm.model_executor.models.nemotron_h.NemotronHForCausalLM"
+    spec = dict(model=checkpoint, prompts=SPECULATION_PROMPTS, max_tokens=NEW, metrics=True)
+    drafted = run_engine(dict(spec, engine=dict(engine, speculative_config=NGRAM)))
+    plain = run_engine(dict(spec, engine=engine))
+    assert drafted["model_class"].startswith("vllm_nemotron_h.")
     assert drafted["tokens"] == plain["tokens"]
-    assert "vllm:spec_decode_num_drafts" in drafted["metrics"], "speculation is not on"
-    drafts = drafted["metrics"]["vllm:spec_decode_num_drafts"]
-    accepted = drafted["metrics"].get("vllm:spec_decode_num_accepted_tokens", 0)
-    print(f"ngram: {drafts} drafts, {accepted} tokens accepted")
+    metrics = drafted["metrics"]
+    figures = dict(
+        ssm_state=ssm_state,
+        drafts=metrics.get("vllm:spec_decode_num_drafts", 0),
+        draft_tokens=metrics.get("vllm:spec_decode_num_draft_tokens", 0),
+        accepted=metrics.get("vllm:spec_decode_num_accepted_tokens", 0),
+    )
+    if ssm_state == "auto":
+        builtin = run_engine(
+            dict(spec, engine=dict(engine, speculative_config=NGRAM)), VLLM_NEMOTRON_H_DISABLE="1"
+        )
+        assert builtin["model_class"].startswith("vllm.model_executor.models.")
+        assert builtin["tokens"] == drafted["tokens"]
+        figures["builtin_accepted"] = builtin["metrics"].get(
+            "vllm:spec_decode_num_accepted_tokens", 0
+        )
+    print(f"ngram speculation: {figures}")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"ngram-{ssm_state}.json"), "w") as f:
+            json.dump(figures, f)
+    assert figures["accepted"] > 0

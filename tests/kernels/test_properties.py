@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_nemotron_h.model_executor.validation import (
+    SPECULATIVE_METHODS,
     UnsupportedConfigError,
     hand_back_reason,
     validate,
@@ -449,7 +450,7 @@ CONFIG_BROKEN = {
     "conv": dict(conv_kernel=5),
     "heads": dict(mamba_num_heads=6, tensor_parallel_size=4),
     "cache_mode": dict(mamba_cache_mode="all"),
-    "spec_tokens": dict(num_speculative_tokens=2),
+    "spec_tokens": dict(num_speculative_tokens=2, speculative_method="mtp"),
     "activation": dict(mamba_hidden_act="gelu"),
 }
 SUPPORTED_CONFIGS = st.fixed_dictionaries(
@@ -462,7 +463,8 @@ SUPPORTED_CONFIGS = st.fixed_dictionaries(
         conv_kernel=st.sampled_from([2, 3, 4]),
         tensor_parallel_size=st.sampled_from([1, 2]),
         mamba_cache_mode=st.sampled_from(["none", "align"]),
-        num_speculative_tokens=st.just(0),
+        num_speculative_tokens=st.sampled_from([0, 3]),
+        speculative_method=st.sampled_from(["ngram", "suffix"]),
         mamba_hidden_act=st.sampled_from(["silu", "swish"]),
     )
 )
@@ -485,6 +487,7 @@ def test_model_config_property(seed, fields, broken):
         parallel_config=SimpleNamespace(tensor_parallel_size=c.tensor_parallel_size),
         cache_config=SimpleNamespace(mamba_cache_mode=c.mamba_cache_mode),
         num_speculative_tokens=c.num_speculative_tokens,
+        speculative_config=SimpleNamespace(method=c.speculative_method),
         additional_config={},
     )
     heads, groups, tp = c.mamba_num_heads, c.n_groups, c.tensor_parallel_size
@@ -507,7 +510,10 @@ def test_model_config_property(seed, fields, broken):
             ("conv_kernel", not mamba or 2 <= c.conv_kernel <= 4),
             ("mamba_num_heads", not mamba or heads % tp == 0),
             ("mamba_cache_mode", c.mamba_cache_mode != "all"),
-            ("num_speculative_tokens", c.num_speculative_tokens == 0),
+            (
+                "speculative_config.method",
+                c.num_speculative_tokens == 0 or c.speculative_method in SPECULATIVE_METHODS,
+            ),
             ("mamba_hidden_act", not mamba or c.mamba_hidden_act in ("silu", "swish")),
         ]
     )

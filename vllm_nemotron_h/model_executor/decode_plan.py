@@ -40,6 +40,8 @@ from vllm_nemotron_h.ops.mamba2_decode.args import (
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeLaunch, DecodeShape
 from vllm_nemotron_h.ops.mamba2_decode.kernel import DecodeWorkspace
+from vllm_nemotron_h.ops.mamba2_speculative_decode import interface as speculative_op
+from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.rms_norm import interface as norm_op
 from vllm_nemotron_h.ops.rms_norm import kernel as norm_kernel
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
@@ -55,9 +57,19 @@ from vllm_nemotron_h.vllm_boundary import cpu_ops
 class DecodePlan:
     """One KV-cache group's shared decode resources for up to ``max_batch`` sequences."""
 
-    def __init__(self, max_batch: int, nheads: int, head_dim: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        max_batch: int,
+        nheads: int,
+        head_dim: int,
+        device: torch.device,
+        draft_tokens: int = 0,
+    ) -> None:
         self.max_batch = max_batch
         self.device = device
+        # Under speculative decoding the draft tokens a row may verify per step besides its
+        # own: the layers decode with ops/mamba2_speculative_decode.
+        self.draft_tokens = draft_tokens
         self.workspace = (
             DecodeWorkspace.allocate(max_batch, nheads, head_dim, device)
             if device.type == "cuda"
@@ -181,7 +193,15 @@ class LayerPlan:
             deferred,
         )  # fmt: skip
         no_slots = torch.empty(0, dtype=torch.int64, device=xbc.device)
-        decode_op.check(self.layer, DecodeStep(xbc, dt, gate, None, out))
+        self.draft_tokens = plan.draft_tokens
+        if self.draft_tokens:
+            no_rows = SpeculativeStep(
+                xbc, dt, gate, no_slots.view(0, 1 + self.draft_tokens), no_slots[:0].new_zeros(1),
+                no_slots, out,
+            )  # fmt: skip
+            speculative_op.check(self.layer, no_rows)
+        else:
+            decode_op.check(self.layer, DecodeStep(xbc, dt, gate, None, out))
         if w.decode_norm:
             norm_op.check_group(out, w.norm, gate, out)
         copy_op.check_state(ssm_state, no_slots)
@@ -211,8 +231,10 @@ class LayerPlan:
             self.flush_config = deferred_op.launch_config(
                 xbc.device, self.shape.head_dim, self.shape.d_state, ssm_state.dtype, 1
             )
-        native = not self.on_triton and runs_native_cpu_decode(
-            ssm_scale is not None, deferred is not None
+        native = (
+            not self.on_triton
+            and not self.draft_tokens
+            and runs_native_cpu_decode(ssm_scale is not None, deferred is not None)
         )
         self.native = NativeDecodeParams.of(self.layer) if native else None
 
@@ -235,12 +257,34 @@ class LayerPlan:
         if not self.on_triton:
             mamba2_decode_cpu(self.layer, step)
             return
-        batch = xbc.shape[0]
-        if batch < len(self.launches):
-            launch, layer = self.launches[batch]
-        else:
-            launch, layer = self._beyond_table(batch), self.layer
+        launch, layer = self._launch(xbc.shape[0])
         decode_op.run(launch, layer, step, self.workspace)
+
+    def decode_speculative(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        gate: torch.Tensor,
+        out: torch.Tensor,
+        state_slots: torch.Tensor,
+        query_start: torch.Tensor,
+        num_accepted: torch.Tensor,
+    ) -> None:
+        """Under speculative decoding: advances the decode rows' states over their tokens,
+        keeping the state after each (ops/mamba2_speculative_decode's semantics; vLLM's
+        metadata gives the slots per token, the rows' first tokens and accepted counts)."""
+        step = SpeculativeStep(xbc, dt, gate, state_slots, query_start, num_accepted, out)
+        rows = state_slots.shape[0]
+        configs = ()
+        if self.on_triton:
+            launch = self._launch(rows)[0]
+            configs = (launch.conv_config, launch.ssu_config)
+        speculative_op.run(self.layer, step, configs)
+
+    def _launch(self, batch: int) -> tuple[DecodeLaunch, DecodeLayer]:
+        if batch < len(self.launches):
+            return self.launches[batch]
+        return self._beyond_table(batch), self.layer
 
     def _beyond_table(self, batch: int) -> DecodeLaunch:
         # More rows than max_num_seqs (a padded CUDA-graph batch): resolved and checked here.

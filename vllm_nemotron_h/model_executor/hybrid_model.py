@@ -26,6 +26,8 @@ from vllm_nemotron_h.model_executor.validation import (
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     mamba_cache_mode,
+    speculative_method,
+    speculative_tokens,
     ssm_state_dtype,
     tensor_parallel_size_of,
 )
@@ -101,13 +103,21 @@ def plugin_version() -> str:
 def describe(vllm_config: VllmConfig) -> str:
     """What runs where, as the engine log says it."""
     layout = state_layout(vllm_config)
+    draft_tokens = speculative_tokens(vllm_config)
     if on_cpu():
         decode = (
             "vLLM's native CPU conv and state-update ops with the plugin's group norm"
             if runs_native_cpu_decode(layout.ssm_format == "int8", layout.ring_size > 0)
+            and not draft_tokens
             else "the plugin's CPU path (PyTorch)"
         )
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path; RMSNorm vLLM's"
+    elif draft_tokens:
+        decode = (
+            "the plugin's Triton kernels for speculative decoding (conv, state update keeping "
+            "each token's state, group norm)"
+        )
+        prefill, moe = "kernels", "MoE layers vLLM's"
     elif layout.ring_size:
         decode = (
             "the plugin's Triton kernels (fused conv + state update + gated norm, writing the "
@@ -123,13 +133,21 @@ def describe(vllm_config: VllmConfig) -> str:
         prefill, moe = "kernels", "MoE layers vLLM's"
     return (
         f"vllm-nemotron-h {plugin_version()} serves NemotronHForCausalLM: Mamba2 decode on "
-        f"{decode}; "
+        f"{decode}{speculation_description(vllm_config)}; "
         f"SSM state {state_description(vllm_config)}; {writes_description(vllm_config)}; "
         f"prefill slot copies and group norm on the "
         f"plugin's {prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP and "
         f"linear layers vLLM's, {moe}; Mamba prefix caching mode "
         f"{mamba_cache_mode(vllm_config)!r}; tensor parallel {tensor_parallel_size_of(vllm_config)}"
     )
+
+
+def speculation_description(vllm_config: VllmConfig) -> str:
+    draft_tokens = speculative_tokens(vllm_config)
+    if not draft_tokens:
+        return ""
+    method = speculative_method(vllm_config)
+    return f", verifying {draft_tokens} draft tokens per step ({method} speculative decoding)"
 
 
 def state_description(vllm_config: VllmConfig) -> str:

@@ -9,7 +9,9 @@ layer's plan (decode_plan.py: checked once, then launches only):
                   z took 5x longer: 807 vs 155 us per 128-token prefill of Nemotron-H 8B on
                   the H100, step_profile.py); initial and final SSM states move between
                   the state cache and the scan through the rows' slots (state_slot_copy)
-    decode rows:  the decode tail (ops/mamba2_decode): conv update -> state update (softplus,
+    decode rows:  the decode tail (ops/mamba2_decode; under speculative decoding, with a row's
+                  target and draft tokens and a state kept per token,
+                  ops/mamba2_speculative_decode): conv update -> state update (softplus,
                   A, D, silu(z) in fp32 registers) -> group norm, through the int64 slots of
                   ``state_slots``; with deferred writes the state update appends to the
                   rows' rings (ops/deferred_state_update), and a prefill writes its rows'
@@ -40,6 +42,9 @@ from vllm_nemotron_h.vllm_boundary.layers import (
 )
 from vllm_nemotron_h.vllm_boundary.metadata import NULL_BLOCK_ID
 from vllm_nemotron_h.vllm_boundary.prefill import ScanWeights, conv_prefill, scan_prefill
+
+# A dt whose softplus is 0 in every activation dtype (exp underflows): no decay, no input.
+PASS_THROUGH_DT = -1e4
 
 
 class PluginMambaMixer2(MambaMixer2):
@@ -98,7 +103,12 @@ class PluginMambaMixer2(MambaMixer2):
         plan = self._plan(md, xbc, dt, gate, output[:n_all])
         if md.num_prefills > 0:
             self._prefill(plan, md, xbc[n_dec:], dt[n_dec:], output[n_dec:n_all])
-        if n_dec > 0:
+        if n_dec > 0 and md.query_start_d is not None:  # speculative decoding
+            plan.decode_speculative(
+                xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], md.state_slots_d,
+                md.query_start_d, md.num_accepted_d,
+            )  # fmt: skip
+        elif n_dec > 0:
             slots = md.state_slots_d[:n_dec]
             slots_int32 = None if md.state_slots_d_int32 is None else md.state_slots_d_int32[:n_dec]
             plan.decode(xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], slots, slots_int32)
@@ -128,9 +138,18 @@ class PluginMambaMixer2(MambaMixer2):
 
     def _prefill(self, plan: LayerPlan, md, xbc, dt, out) -> None:
         conv_state, ssm_state = plan.conv_state, plan.ssm_state
+        placeholders = md.placeholder_prefills
+        if placeholders is not None:
+            # dt -> softplus 0: the scan passes the state through the placeholder tokens.
+            dt[placeholders.placeholders] = PASS_THROUGH_DT
         conv = conv_prefill(
             xbc, self.conv_weights, self.conv1d.bias, self.activation, conv_state, md
         )
+        if placeholders is not None:  # the conv window of the prompt token alone
+            slots = md.state_indices_tensor_p[placeholders.rows].long()
+            window = self.conv_kernel_size - 1
+            conv_state[slots, :, : window - 1] = 0
+            conv_state[slots, :, window - 1] = xbc[placeholders.tokens].to(conv_state.dtype)
         x, B, C = self.split_hidden_states_B_C_fn(conv)
         initial_states = None
         if md.ring_flush_slots_p is not None:

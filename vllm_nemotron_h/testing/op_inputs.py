@@ -111,13 +111,21 @@ def head_params(draw: Draw, nheads: int) -> dict:
 
 
 def conv_state_cache(
-    draw: Draw, num_slots: int, conv_dim: int, width: int, dtype: torch.dtype, dim_first: bool
+    draw: Draw,
+    num_slots: int,
+    conv_dim: int,
+    width: int,
+    dtype: torch.dtype,
+    dim_first: bool,
+    draft_tokens: int = 0,
 ) -> torch.Tensor:
-    """(num_slots, conv_dim, width - 1); ``dim_first=False`` is vLLM's "SD" layout seen
-    transposed (the window dimension contiguous across channels)."""
+    """(num_slots, conv_dim, width - 1 + draft_tokens) (vLLM's conv state under speculative
+    decoding holds a column per draft token more); ``dim_first=False`` is vLLM's "SD" layout
+    seen transposed (the window dimension contiguous across channels)."""
+    columns = width - 1 + draft_tokens
     if dim_first:
-        return draw.normal(num_slots, conv_dim, width - 1, dtype=dtype)
-    return draw.normal(num_slots, width - 1, conv_dim, dtype=dtype).transpose(-1, -2)
+        return draw.normal(num_slots, conv_dim, columns, dtype=dtype)
+    return draw.normal(num_slots, columns, conv_dim, dtype=dtype).transpose(-1, -2)
 
 
 def conv_inputs(
@@ -236,6 +244,37 @@ class LayerCase:
             ssm_scale=ssm["state_scale"],
             norm_weight=draw.normal(s.inner, dtype=act),
             state_slots=self.slots(),
+            **head_params(draw, s.nheads),
+        )
+
+    def speculative(self, max_tokens: int, bias: bool = True, dim_first: bool = True) -> dict:
+        """The speculative decode tail's keyword arguments for ``batch`` sequences of 1 to
+        ``max_tokens`` tokens each: ``decode``'s with ``max_tokens`` distinct slots per row
+        (null slots on row ``null_row``), query starts, accepted counts 1..max_tokens and a
+        conv state with a column per draft token more."""
+        draw, s, rows, act, K = self.draw, self.shape, self.batch, self.act, max_tokens
+        gen, dev = draw.generator, draw.device
+        lens = torch.randint(1, K + 1, (rows,), generator=gen, device=dev)
+        query_start = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
+        query_start[1:] = torch.cumsum(lens, 0)
+        num_slots = rows * K + self.spare_slots
+        slots = draw.slots(rows * K, num_slots, None).view(rows, K)
+        if self.null_row is not None:
+            slots[self.null_row] = NULL_SLOT
+        ssm = ssm_state_cache(draw, num_slots, s, self.state_dtype)
+        return dict(
+            **projection(draw, s, int(query_start[-1]), act),
+            conv_state=conv_state_cache(
+                draw, num_slots, s.conv_dim, s.width, act, dim_first, draft_tokens=K - 1
+            ),
+            conv_weight=draw.normal(s.conv_dim, s.width, dtype=act) * 0.5,
+            conv_bias=draw.normal(s.conv_dim, dtype=act) if bias else None,
+            ssm_state=ssm["state"],
+            ssm_scale=ssm["state_scale"],
+            norm_weight=draw.normal(s.inner, dtype=act),
+            state_slots=slots,
+            query_start=query_start,
+            num_accepted=torch.randint(1, K + 1, (rows,), generator=gen, device=dev),
             **head_params(draw, s.nheads),
         )
 

@@ -12,6 +12,7 @@ __all__ = [
     "current_vllm_config",
     "mamba_cache_mode",
     "replayssm_enabled",
+    "speculative_method",
     "speculative_tokens",
     "ssm_state_dtype",
     "tensor_parallel_size_of",
@@ -30,6 +31,12 @@ def mamba_cache_mode(vllm_config: VllmConfig) -> str:
 
 def speculative_tokens(vllm_config: VllmConfig) -> int:
     return vllm_config.num_speculative_tokens or 0
+
+
+def speculative_method(vllm_config: VllmConfig) -> str | None:
+    """``speculative_config.method`` ('ngram', 'draft_model', 'mtp', ...), or None."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    return getattr(speculative, "method", None) if speculative is not None else None
 
 
 def ssm_state_dtype(vllm_config: VllmConfig) -> str:

@@ -226,6 +226,26 @@ def _check_first_token_decodes() -> None:
     _params(layers.get_layers_from_vllm_config, "vllm_config", "layer_type", "layer_names")
 
 
+def _check_speculative_metadata() -> None:
+    from vllm.config import SpeculativeConfig
+    from vllm.v1.attention.backends import mamba_attn
+
+    from vllm_nemotron_h.vllm_boundary import metadata
+
+    _fields(
+        metadata.Mamba2AttentionMetadata,
+        "state_indices_tensor_d",
+        "num_accepted_tokens",
+        "query_start_loc_d",
+    )
+    _fields(SpeculativeConfig, "method")
+    source = inspect.getsource(mamba_attn.BaseMambaAttentionMetadataBuilder)
+    _require(
+        "1 + self.num_spec_tokens" in source,
+        "the Mamba builder no longer gives decode rows 1 + num_speculative_tokens slots",
+    )
+
+
 def _check_state_spec() -> None:
     from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -457,6 +477,19 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "vLLM dispatching full CUDA graphs only for steps without prefilling rows",
         _check_first_token_decodes,
+    ),
+    Touchpoint(
+        "speculative-decode-metadata",
+        "the Mamba metadata's state_indices_tensor_d (a slot per target and draft token), "
+        "num_accepted_tokens and query_start_loc_d; the builder's num_decode_draft_tokens_cpu "
+        "argument (0.32: a prompt's one token scheduled with placeholder drafts); "
+        "SpeculativeConfig.method",
+        "under speculative decoding the plugin's tail keeps the state after every token in "
+        "vLLM's slots and starts each step from the one after the last accepted token, as "
+        "vLLM's kernels do",
+        BOTH,
+        "never: this is how vLLM lays out Mamba states for speculation",
+        _check_speculative_metadata,
     ),
     Touchpoint(
         "mamba-state-spec",

@@ -1,0 +1,143 @@
+"""The speculative decode tail (ops/mamba2_speculative_decode) against its reference, its CPU
+path against the same reference, and against the one-token decode tail run token by token:
+what the engine relies on for speculative decoding to give the tokens of plain decoding."""
+
+import pytest
+import torch
+from helpers import DEVICES, assert_int8_state_close, draw, poisoned, rel_err, tolerance
+
+from vllm_nemotron_h.ops import mamba2_decode
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer
+from vllm_nemotron_h.ops.mamba2_speculative_decode import mamba2_speculative_decode
+from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import mamba2_speculative_decode_cpu
+from vllm_nemotron_h.ops.mamba2_speculative_decode.reference import (
+    mamba2_speculative_decode_reference,
+)
+from vllm_nemotron_h.ops.state_format import dequantize
+from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape, record_of
+
+# (nheads, head_dim, d_state, ngroups, width): small shapes for the interpreter, real ones
+# on a GPU.
+CPU_SHAPES = [(4, 80, 16, 2, 4), (4, 32, 32, 1, 3), (8, 32, 16, 4, 2)]
+GPU_SHAPES = [(128, 64, 128, 8, 4), (128, 80, 128, 8, 4)]
+STATES = ("conv_state", "ssm_state", "ssm_scale")
+
+
+def inputs(device, shape, batch, state_dtype, act, max_tokens=4, **layout):
+    case = LayerCase(draw(device), MambaShape(*shape), batch, state_dtype, act)
+    return case.speculative(max_tokens, **layout)
+
+
+def records(t: dict) -> tuple[DecodeLayer, SpeculativeStep]:
+    return record_of(DecodeLayer, t, null_slot=0), record_of(SpeculativeStep, t)
+
+
+def cloned(t: dict) -> dict:
+    return {**t, **{k: t[k].clone() for k in STATES if t.get(k) is not None}}
+
+
+def assert_states_match(t, ref, state_dtype, tol):
+    assert torch.equal(t["conv_state"], ref["conv_state"].to(t["conv_state"].device))
+    if state_dtype == torch.int8:
+        assert_int8_state_close(t["ssm_state"], t["ssm_scale"], ref["ssm_state"], ref["ssm_scale"])
+    else:
+        assert rel_err(t["ssm_state"], ref["ssm_state"]) < tol
+
+
+def run_against_reference(t, state_dtype, act, device, path):
+    ref_t = cloned(t)
+    before = cloned(t)
+    ref = mamba2_speculative_decode_reference(*records(ref_t))
+    out = poisoned(ref).to(device)
+    if path == "cpu":
+        layer, step = records(t)
+        step.out = out
+        mamba2_speculative_decode_cpu(layer, step)
+    else:
+        mamba2_speculative_decode(**t, null_slot=0, out=out)
+    tol = tolerance(act, state_dtype, device)
+    assert rel_err(out, ref) < tol
+    assert_states_match(t, ref_t, state_dtype, tol)
+    # Slots no row owns keep their state; the null row's tokens are zero.
+    untouched = torch.ones(t["ssm_state"].shape[0], dtype=torch.bool, device=device)
+    untouched[t["state_slots"].flatten()] = False
+    for k in STATES:
+        if t.get(k) is not None:
+            assert torch.equal(t[k][untouched], before[k][untouched]), f"{k}: a foreign slot moved"
+    first, last = int(t["query_start"][0]), int(t["query_start"][1])
+    assert (out[first:last] == 0).all(), "the null row's tokens must be zero"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_matches_reference(device, state_dtype):
+    gpu = device == "cuda"
+    act = torch.bfloat16 if gpu else torch.float32
+    for shape in GPU_SHAPES if gpu else CPU_SHAPES:
+        for norm in (True, False):
+            t = inputs(device, shape, 32 if gpu else 5, state_dtype, act)
+            if not norm:
+                t["norm_weight"] = None
+            run_against_reference(t, state_dtype, act, device, "triton")
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("dim_first", [True, False])
+def test_cpu_path_matches_reference(state_dtype, dim_first):
+    for shape in CPU_SHAPES:
+        t = inputs("cpu", shape, 6, state_dtype, torch.float32, dim_first=dim_first)
+        run_against_reference(t, state_dtype, torch.float32, "cpu", "cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_equals_one_token_per_step(device, state_dtype):
+    """Each token's output, and the state stored in its slot, equal the one-token decode tail
+    run token by token from the accepted window and state: speculation changes no number."""
+    act = torch.float32
+    shape = GPU_SHAPES[0] if device == "cuda" else CPU_SHAPES[0]
+    t = inputs(device, shape, 4, state_dtype, act)
+    width = t["conv_weight"].shape[1]
+    # The one-token tail's own states: row r's accepted window and state in slot r.
+    rows = t["state_slots"].shape[0]
+    conv = torch.stack(
+        [t["conv_state"][s, :, a - 1 : a - 1 + width - 1] for s, a in
+         zip(t["state_slots"][:, 0].tolist(), t["num_accepted"].tolist())]
+    )  # fmt: skip
+    src = t["state_slots"][torch.arange(rows), t["num_accepted"] - 1]
+    ssm = t["ssm_state"][src].clone()
+    scale = t["ssm_scale"][src].clone() if t["ssm_scale"] is not None else None
+    out = mamba2_speculative_decode(**t, null_slot=0)
+    starts = t["query_start"].tolist()
+    for r in range(1, rows):  # row 0 is padding
+        for tok in range(starts[r], starts[r + 1]):
+            slot = torch.tensor([r], device=device)
+            step_out = mamba2_decode(
+                t["xbc"][tok : tok + 1], t["dt"][tok : tok + 1], t["z"][tok : tok + 1], conv,
+                t["conv_weight"], t["conv_bias"], ssm, t["A"], t["D"], t["dt_bias"],
+                t["norm_weight"], state_slots=slot, ssm_scale=scale, fuse=False,
+            )  # fmt: skip
+            assert rel_err(out[tok : tok + 1], step_out) < 1e-6
+            dst = int(t["state_slots"][r, tok - starts[r]])
+            if state_dtype == torch.int8:
+                got = dequantize(t["ssm_state"][dst], t["ssm_scale"][dst])
+                assert torch.equal(got, dequantize(ssm[r], scale[r]))
+            else:
+                assert torch.equal(t["ssm_state"][dst], ssm[r])
+        q = starts[r + 1] - starts[r]
+        slot = int(t["state_slots"][r, 0])
+        assert torch.equal(t["conv_state"][slot, :, q - 1 : q - 1 + width - 1], conv[r])
+
+
+def test_bad_arguments_name_what_is_wrong():
+    t = inputs("cpu", CPU_SHAPES[0], 3, torch.float32, torch.float32)
+    with pytest.raises(ValueError, match="conv_state must have .* = 6 columns"):
+        mamba2_speculative_decode(**{**t, "conv_state": t["conv_state"][..., :3]}, null_slot=0)
+    with pytest.raises(ValueError, match="num_accepted must lie in 1..4"):
+        mamba2_speculative_decode(**{**t, "num_accepted": t["num_accepted"] * 0}, null_slot=0)
+    with pytest.raises(ValueError, match="query_start must be nondecreasing"):
+        bad = t["query_start"].flip(0)
+        mamba2_speculative_decode(**{**t, "query_start": bad}, null_slot=0)
+    with pytest.raises(ValueError, match="state_slots must be 0"):
+        mamba2_speculative_decode(**{**t, "state_slots": t["state_slots"] + 1000}, null_slot=0)

