@@ -86,4 +86,5 @@ def mamba2_speculative_decode_reference(layer: DecodeLayer, step: SpeculativeSte
     y = y.reshape(step.z.shape).to(step.z.dtype)
     if layer.norm_weight is not None:
         y = group_rms_norm_reference(y, group_norm(layer, B.shape[1])).to(y.dtype)
+    y = y.to(step.z.device)
     return y if step.out is None else step.out.copy_(y)
