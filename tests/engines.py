@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,30 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_ENGINE = dict(
     dtype="float32", max_model_len=256, gpu_memory_utilization=0.1, enforce_eager=True
 )
+# vLLM's ngram drafter: 3 draft tokens from matches of 2 to 4 tokens in the context.
+NGRAM = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4, prompt_lookup_min=2)
+
+
+def prompts_with_repeats(seed: int, n: int) -> list[list[int]]:
+    """Prompts made of a repeated phrase (the drafter finds drafts in them and in the tiny
+    models' repetitive output) of different lengths."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        phrase = [rng.randrange(4, 500) for _ in range(rng.randint(2, 6))]
+        out.append([1] + phrase * rng.randint(2, 12) + [rng.randrange(4, 500)])
+    return out
+
+
+# Speculation on the tiny "dense" checkpoint: the first two lead it into output that repeats
+# (drafts accepted); a short prompt before one-token prompts (vLLM 0.32 may schedule a
+# one-token prompt with placeholder drafts behind it, a prefill row: vllm_boundary.metadata).
+SPECULATION_PROMPTS = (
+    [[1] + [7, 8, 9, 10, 11] * 8, [1] + [30, 31, 32] * 12 + [40]]
+    + prompts_with_repeats(3, 10)
+    + [[1, 5, 6], [1], [260]]
+)
+
 # Tensor parallel on CPU: two workers need one core each (otherwise: 'Not enough allowed NUMA
 # nodes to bind threads').
 TP_ENV = dict(VLLM_CPU_OMP_THREADS_BIND="0|1")

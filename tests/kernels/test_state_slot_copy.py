@@ -20,6 +20,13 @@ def state_cache(device, num_slots, per_slot, dtype, pad=0):
     return flat[:, :n].view(num_slots, *per_slot)
 
 
+def as_table_column(slots):
+    """The same slots as the first column of a block table of two columns (vLLM's prefill
+    slots under speculative decoding): a strided view whose neighbours are other slots."""
+    num_slots = 9
+    return torch.stack([slots, (slots + 1) % num_slots], dim=1)[:, 0]
+
+
 def shapes(device):
     # (heads, head_dim, d_state): head_dim 80 and d_state 16 / 256 on CPU; the real shapes on GPU
     return [(3, 80, 16), (2, 8, 256)] if device == "cpu" else [(128, 64, 128), (128, 80, 128)]
@@ -34,9 +41,10 @@ def test_gather_matches_reference(device, dtype, slot_dtype):
         slots = torch.randperm(9, device=device)[:5].to(slot_dtype)
         has_initial = torch.tensor([True, False, True, True, False], device=device)
         for flags in (has_initial, None):
-            got = gather_state_slots(state, slots, flags)
-            assert got.is_contiguous()
-            assert torch.equal(got, gather_state_slots_reference(state, slots, flags))
+            for rows in (slots, as_table_column(slots)):
+                got = gather_state_slots(state, rows, flags)
+                assert got.is_contiguous()
+                assert torch.equal(got, gather_state_slots_reference(state, slots, flags))
         # rows without an initial state are zeros, the others their slot's state exactly
         got = gather_state_slots(state, slots, has_initial)
         assert (got[~has_initial] == 0).all()
@@ -48,15 +56,16 @@ def test_gather_matches_reference(device, dtype, slot_dtype):
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
 def test_scatter_matches_reference(device, dtype, slot_dtype):
     for per_slot in shapes(device):
-        state = state_cache(device, 9, per_slot, dtype, pad=24)
         slots = torch.randperm(9, device=device)[:4].to(slot_dtype)
         values = torch.randn(4, *per_slot, device=device).to(dtype)
-        # poisoned targets: every element of the written slots must come from values
-        state[slots.long()] = poisoned(values)
-        expected = state.clone()
-        scatter_state_slots_reference(expected, slots, values)
-        scatter_state_slots(state, slots, values)
-        assert torch.equal(state, expected)  # the other slots are untouched, bit for bit
+        for rows in (slots, as_table_column(slots)):
+            state = state_cache(device, 9, per_slot, dtype, pad=24)
+            # poisoned targets: every element of the written slots must come from values
+            state[slots.long()] = poisoned(values)
+            expected = state.clone()
+            scatter_state_slots_reference(expected, slots, values)
+            scatter_state_slots(state, rows, values)
+            assert torch.equal(state, expected)  # the other slots untouched, bit for bit
 
 
 @pytest.mark.parametrize("device", DEVICES)

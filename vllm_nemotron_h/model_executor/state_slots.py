@@ -18,7 +18,12 @@ graph alike.
 Under speculative decoding a decode row has a slot per token it may verify (vLLM's layout:
 the state after each token kept, the next step reading the one after the last accepted
 token): the builder copies the rows' slot table, token starts and accepted counts into
-buffers of its own, as stable for CUDA graphs as the slots.
+buffers of its own, as stable for CUDA graphs as the slots. Where vLLM gives no counts (vLLM
+0.26 in a step in which no row has drafts; its own model then reads each row's first slot,
+losing the tokens accepted at the row's previous step) the builder counts them: the
+scheduler advances a sequence by the tokens the sampler accepted, so the count is the
+sequence's tokens computed before this step less those before its previous one, which the
+builder keeps per slot (prefix caching off: a sequence keeps its slot).
 
 With deferred writes the builder also keeps the rings empty wherever a decode step runs the
 fused per-step tail (the small batch sizes of the device table, decode_plan.py): before the
@@ -35,7 +40,7 @@ import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
 from vllm_nemotron_h.model_executor.validation import state_layout
-from vllm_nemotron_h.vllm_boundary.config import speculative_tokens
+from vllm_nemotron_h.vllm_boundary.config import mamba_cache_mode, speculative_tokens
 from vllm_nemotron_h.vllm_boundary.layers import mixer_states, mixers_of
 from vllm_nemotron_h.vllm_boundary.metadata import (
     NULL_BLOCK_ID,
@@ -64,6 +69,10 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     first_token_rows_d: torch.Tensor | None = None
     # prefill rows of a prompt token and placeholder drafts (vllm_boundary.metadata)
     placeholder_prefills: PlaceholderPrefills | None = None
+    # Under speculative decoding: every row's first token (rows + 1, vLLM's buffer), and the
+    # decode rows' accepted counts as the builder counted them (used where vLLM gives none).
+    query_start_rows: torch.Tensor | None = None
+    counted_accepted_d: torch.Tensor | None = None
     # With deferred writes, once per step for every layer: the prefill rows' slots (int64),
     # and those of rows with an initial state, the null slot elsewhere (their rings are
     # written into their states before the prefill reads them), or None.
@@ -92,6 +101,10 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         self.decode_plan = DecodePlan(
             max_rows, nheads, head_dim, torch.device(device), self.draft_tokens
         )
+        # tokens each slot's sequence had computed before its last step (its prefill's last
+        # token for a prefill), by slot: made at the first step, when the states are bound
+        self.tokens_before: torch.Tensor | None = None
+        self.counts_accepted = self.draft_tokens > 0 and mamba_cache_mode(vllm_config) == "none"
         self.deferred_writes = state_layout(vllm_config).ring_size > 0
         self.rings_may_hold_tokens = False  # a decode step has deferred since the last flush
 
@@ -108,6 +121,8 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 metadata.ring_flush_slots_p = torch.where(
                     metadata.has_initial_states_p, slots_p, null
                 )
+        if self.counts_accepted and metadata.counted_accepted_d is None:
+            metadata.counted_accepted_d = self.count_accepted(metadata)
         if metadata.num_decodes > 0:
             slots = decode_slots(metadata)
             rows = slots.shape[0]
@@ -130,9 +145,12 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         of one-token rows that were prompt chunks: each row's state is then in its first
         slot, as one accepted token says; so is a prompt's first token's (zeroed first)."""
         self.state_slots[:rows].copy_(metadata.state_indices_tensor_d, non_blocking=True)
-        if metadata.num_accepted_tokens is None:
+        if metadata.num_accepted_tokens is None:  # one token per row
             self.query_start[: rows + 1].copy_(self.one_token_starts[: rows + 1])
             self.num_accepted[:rows].fill_(1)
+            if metadata.counted_accepted_d is not None:
+                counted = metadata.counted_accepted_d
+                self.num_accepted[: counted.shape[0]].copy_(counted, non_blocking=True)
         else:
             self.query_start[: rows + 1].copy_(metadata.query_start_loc_d, non_blocking=True)
             self.num_accepted[:rows].copy_(metadata.num_accepted_tokens, non_blocking=True)
@@ -140,6 +158,26 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             self.num_accepted[metadata.first_token_rows_d.to(self.num_accepted.device)] = 1
         metadata.query_start_d = self.query_start[: rows + 1]
         metadata.num_accepted_d = self.num_accepted[:rows]
+
+    def count_accepted(self, metadata: StateSlotsMetadata) -> torch.Tensor:
+        """The decode rows' accepted counts of their previous step (device int64, 1 to
+        1 + drafts), from the tokens computed before this step and before that one; records
+        this step's for the next (once per step: the metadata vLLM copies for other groups
+        carries the counts)."""
+        nd, n = metadata.num_decodes, metadata.num_decodes + metadata.num_prefills
+        if self.tokens_before is None:
+            ssm_state = mixer_states(mixers_of(self.vllm_config, self.layer_names)[0])[1]
+            self.tokens_before = torch.zeros(
+                ssm_state.shape[0], dtype=torch.int64, device=self.state_slots.device
+            )
+        slots = torch.cat(
+            [metadata.state_indices_tensor_d[:nd, 0], metadata.state_indices_tensor_p[: n - nd]]
+        ).long()
+        seq_lens = metadata.seq_lens[:n].long()
+        query_lens = torch.diff(metadata.query_start_rows[: n + 1]).long()
+        return accepted_since_last_step(
+            self.tokens_before, slots, seq_lens, query_lens, nd, 1 + self.draft_tokens
+        )
 
     def keep_rings_empty_for_fused_steps(self, rows: int) -> None:
         # ``rows`` is the decode batch the layers see (padded like the CUDA graph they replay)
@@ -156,6 +194,26 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         for mixer in mixers_of(self.vllm_config, self.layer_names):
             for state in mixer_states(mixer):
                 state.index_fill_(0, slots, 0)
+
+
+def accepted_since_last_step(
+    tokens_before: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: torch.Tensor,
+    num_decodes: int,
+    max_tokens: int,
+) -> torch.Tensor:
+    """The first ``num_decodes`` rows' accepted counts at their previous step: the tokens
+    computed before this step less ``tokens_before[slot]`` (recorded at that step), in
+    1..``max_tokens``. Then records this step's rows: a decode row's tokens computed before
+    this step (the sampler will accept 1..q of its q tokens), a prefill row's last token
+    (all of its tokens are kept: the next step counts one)."""
+    computed = seq_lens - query_lens
+    counted = (computed[:num_decodes] - tokens_before[slots[:num_decodes]]).clamp(1, max_tokens)
+    recorded = torch.cat([computed[:num_decodes], seq_lens[num_decodes:] - 1])
+    tokens_before.index_copy_(0, slots, recorded)
+    return counted
 
 
 class StateSlotsMamba2Backend(Mamba2AttentionBackend):

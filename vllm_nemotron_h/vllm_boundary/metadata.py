@@ -44,7 +44,11 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
     decoding, count one accepted token for them) before the step runs. Such a row that the
     split leaves among the prefills (a prefill of a few tokens before it) stays a prefill;
     ``placeholder_prefills`` names it, and the prefill must then keep the state after the
-    prompt token alone."""
+    prompt token alone.
+
+    vLLM 0.26 passes the accepted counts (``num_accepted_tokens``) only to steps in which some
+    row verifies drafts; ``query_start_rows`` (every row's first token, set here) lets
+    ``complete`` count them itself for the other steps (vLLM 0.32 passes them every step)."""
 
     def complete(self, metadata: Mamba2AttentionMetadata) -> Mamba2AttentionMetadata:
         return metadata
@@ -67,6 +71,9 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
             )
             first_token = first_token[first_token < metadata.num_decodes]
         metadata.first_token_rows_d = first_token
+        # every row's first token (vLLM's runner buffer, on the device): the builder follows
+        # each sequence's progress from it under speculative decoding
+        metadata.query_start_rows = common_attn_metadata.query_start_loc
         return self.complete(metadata)
 
     def update_block_table(

@@ -228,6 +228,7 @@ def _check_first_token_decodes() -> None:
 
 def _check_speculative_metadata() -> None:
     from vllm.config import SpeculativeConfig
+    from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends import mamba_attn
 
     from vllm_nemotron_h.vllm_boundary import metadata
@@ -235,9 +236,12 @@ def _check_speculative_metadata() -> None:
     _fields(
         metadata.Mamba2AttentionMetadata,
         "state_indices_tensor_d",
+        "state_indices_tensor_p",
         "num_accepted_tokens",
         "query_start_loc_d",
+        "seq_lens",
     )
+    _fields(CommonAttentionMetadata, "query_start_loc")
     _fields(SpeculativeConfig, "method")
     source = inspect.getsource(mamba_attn.BaseMambaAttentionMetadataBuilder)
     _require(
@@ -481,12 +485,13 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "speculative-decode-metadata",
         "the Mamba metadata's state_indices_tensor_d (a slot per target and draft token), "
-        "num_accepted_tokens and query_start_loc_d; the builder's num_decode_draft_tokens_cpu "
-        "argument (0.32: a prompt's one token scheduled with placeholder drafts); "
-        "SpeculativeConfig.method",
+        "num_accepted_tokens, query_start_loc_d and seq_lens, CommonAttentionMetadata."
+        "query_start_loc; the builder's num_decode_draft_tokens_cpu argument (0.32: a "
+        "prompt's one token scheduled with placeholder drafts); SpeculativeConfig.method",
         "under speculative decoding the plugin's tail keeps the state after every token in "
         "vLLM's slots and starts each step from the one after the last accepted token, as "
-        "vLLM's kernels do",
+        "vLLM's kernels do; where 0.26 gives no accepted counts (a step without drafts) the "
+        "builder counts them from each sequence's tokens computed",
         BOTH,
         "never: this is how vLLM lays out Mamba states for speculation",
         _check_speculative_metadata,

@@ -8,8 +8,9 @@ chunked scan; no read at all for rows without one).
 states of a prefill written into their slots).
 
 Shapes: state (num_slots, *per_slot) with each slot contiguous (vLLM's state views may pad the
-slot stride), slots (rows,) int32 or int64, has_initial (rows,) bool, values (rows, *per_slot)
-with each row contiguous and state's dtype. Any dtype; a plain copy, no conversion.
+slot stride), slots (rows,) int32 or int64 of any stride (a column of vLLM's block table),
+has_initial (rows,) bool, values (rows, *per_slot) with each row contiguous and state's dtype.
+Any dtype; a plain copy, no conversion.
 Why a kernel: PyTorch's index_put / index + where move the state at ~0.8 TB/s on the H100
 (16.4 ms of a 128-sequence Nemotron-H 8B prefill, bf16 state); these are one pass of
 16-byte loads and stores, and the gather reads nothing for rows without an initial state.

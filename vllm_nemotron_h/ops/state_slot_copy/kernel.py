@@ -23,6 +23,7 @@ def _state_slot_copy_kernel(
     per_slot,
     src_row,
     dst_row,
+    slot_stride,
     GATHER: tl.constexpr,
     HAS_KEEP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -31,7 +32,7 @@ def _state_slot_copy_kernel(
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < per_slot
     # int64 before the multiply: slot x slot stride passes 2^31 in a large state cache.
-    slot = tl.load(slots_ptr + row).to(tl.int64)
+    slot = tl.load(slots_ptr + row * slot_stride).to(tl.int64)
     if GATHER:
         src = src_ptr + slot * src_row
         dst = dst_ptr + row * dst_row
@@ -66,6 +67,7 @@ def launch(
             per_slot,
             src_row,
             dst_row,
+            slots.stride(0),  # a column of vLLM's block table under speculative decoding
             GATHER=gather,
             HAS_KEEP=keep is not None,
             BLOCK=_BLOCK,
