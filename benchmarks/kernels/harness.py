@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.metadata
 import itertools
 import json
 import math
@@ -137,13 +138,11 @@ class Comparison:
         )
 
     def write(self, path: Path) -> None:
-        import vllm
-
         meta = dict(
             gpu=torch.cuda.get_device_name(),
             torch=torch.__version__,
             triton=triton.__version__,
-            vllm=vllm.__version__,
+            vllm=installed_version("vllm"),
             python=platform.python_version(),
             date=time.strftime("%Y-%m-%d"),
             roofline_GBps=round(self.roof / 1e9, 1),
@@ -152,6 +151,14 @@ class Comparison:
         path.write_text(json.dumps(dict(meta=meta, rows=self.rows), indent=1))
         plot(self.rows, path.with_suffix(".png"), meta)
         print("wrote", path)
+
+
+def installed_version(package: str) -> str | None:
+    """``package``'s version, or None where it is not installed (the kernels need no vLLM)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 @contextlib.contextmanager

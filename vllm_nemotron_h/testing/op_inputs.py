@@ -247,14 +247,19 @@ class LayerCase:
             **head_params(draw, s.nheads),
         )
 
-    def speculative(self, max_tokens: int, bias: bool = True, dim_first: bool = True) -> dict:
+    def speculative(
+        self, max_tokens: int, bias: bool = True, dim_first: bool = True, full: bool = False
+    ) -> dict:
         """The speculative decode tail's keyword arguments for ``batch`` sequences of 1 to
-        ``max_tokens`` tokens each: ``decode``'s with ``max_tokens`` distinct slots per row
-        (null slots on row ``null_row``), query starts, accepted counts 1..max_tokens and a
-        conv state with a column per draft token more."""
+        ``max_tokens`` tokens each (``full``: all ``max_tokens``, a step in which every row
+        verifies its drafts): ``decode``'s with ``max_tokens`` distinct slots per row (null
+        slots on row ``null_row``), query starts, accepted counts 1..max_tokens and a conv
+        state with a column per draft token more."""
         draw, s, rows, act, K = self.draw, self.shape, self.batch, self.act, max_tokens
         gen, dev = draw.generator, draw.device
         lens = torch.randint(1, K + 1, (rows,), generator=gen, device=dev)
+        if full:
+            lens.fill_(K)
         query_start = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
         query_start[1:] = torch.cumsum(lens, 0)
         num_slots = rows * K + self.spare_slots
