@@ -43,6 +43,10 @@ MAX_TOKENS = 4  # a row's target and draft tokens at most
 # the speculative kernel may not: a 16-bit or int8 value then rounds the other way now and
 # then, and the next token goes on from it. The interpreter rounds both alike: exact there.
 GPU_STATE_TOL = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.int8: 1e-3}
+# With an int8 state a row's second and later tokens go on from the stored values: one on a
+# rounding boundary rounds either way between a kernel's fp32 and the reference's fp64, and
+# the next tokens' outputs carry the quantum (seen up to 9e-5 against the reference).
+INT8_CARRIED_TOL = 1e-3
 
 
 def inputs(device, shape, batch, state_dtype, act, max_tokens=MAX_TOKENS, **layout):
@@ -81,7 +85,8 @@ def run_against_reference(t, state_dtype, act, device, path):
     else:
         mamba2_speculative_decode(**t, null_slot=0, out=out)
     tol = tolerance(act, state_dtype, device)
-    assert rel_err(out, ref) < tol
+    out_tol = max(tol, INT8_CARRIED_TOL) if state_dtype == torch.int8 else tol
+    assert rel_err(out, ref) < out_tol
     assert_states_match(t, ref_t, state_dtype, tol)
     # Slots no row owns keep their state; the null row's tokens are zero.
     untouched = torch.ones(t["ssm_state"].shape[0], dtype=torch.bool, device=device)
