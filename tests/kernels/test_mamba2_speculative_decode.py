@@ -16,11 +16,8 @@ from helpers import (
     tolerance,
 )
 
-from vllm_nemotron_h.model_executor.decode_plan import (
-    NativeDecodeParams,
-    mamba2_decode_native,
-    one_token_rows,
-)
+from vllm_nemotron_h.model_executor.decode_plan import NativeDecodeParams, mamba2_decode_native
+from vllm_nemotron_h.model_executor.state_slots import one_token_rows
 from vllm_nemotron_h.ops import mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode import mamba2_speculative_decode

