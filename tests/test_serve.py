@@ -101,12 +101,15 @@ def test_engine_log_says_what_runs(server):
     lines = [line for line in log.splitlines() if "serves NemotronHForCausalLM" in line]
     assert len(lines) == 1, lines
     assert "vllm-nemotron-h " in lines[0] and "INFO" in lines[0]
+    import torch
+
     from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 
-    decode_path = (
-        "vLLM's native CPU conv and state-update ops"
-        if has_native_decode_ops()
-        else "the plugin's CPU path"
-    )
+    if torch.cuda.is_available():
+        decode_path = "the plugin's Triton kernels"
+    elif has_native_decode_ops():
+        decode_path = "vLLM's native CPU conv and state-update ops"
+    else:
+        decode_path = "the plugin's CPU path"
     assert f"Mamba2 decode on {decode_path}" in lines[0], lines[0]
     assert "SSM state float32" in lines[0], lines[0]

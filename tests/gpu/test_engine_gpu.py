@@ -10,9 +10,9 @@ from statistics import mean
 import pytest
 import torch
 
-from tests.engines import NGRAM, SPECULATION_PROMPTS, run_engine
+from tests.engines import NGRAM, ROOT, SPECULATION_PROMPTS, run_engine
 from tests.reference import hf_greedy
-from vllm_nemotron_h.testing.checkpoints import write_tiny_checkpoint
+from vllm_nemotron_h.testing.checkpoints import write_fp8_checkpoint, write_tiny_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
@@ -235,6 +235,62 @@ def test_bf16_logprobs_as_accurate_as_builtin(tmp_path):
             json.dump(figures, f)
     assert len(between) >= 32
     assert to_fp32["plugin"] <= 1.1 * to_fp32["builtin"]
+
+
+@pytest.mark.parametrize("weights", ["online", "checkpoint"])
+def test_fp8_weights_as_accurate_as_builtin(tmp_path, weights):
+    """FP8 weights on the shipped trained model: vLLM's online quantization
+    (quantization="fp8") or a compressed-tensors FP8 checkpoint made from it (one scale per
+    output channel, activations per token). The plugin serves them (vLLM's FP8 linear and MoE
+    layers around the plugin's Mamba kernels); its greedy tokens and logprobs are compared
+    with the built-in's on the same weights, and its FP8 error against its own bf16 run is
+    no larger than the built-in's against the built-in's bf16 run (within 10 %)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from accuracy import greedy_prompts
+
+    shipped = ROOT / "models" / "nemotron-h-pycode"
+    engine = dict(ENGINE, dtype="bfloat16", enforce_eager=True)
+    spec = dict(model=str(shipped), prompts=greedy_prompts(shipped, 8), max_tokens=NEW)
+    spec["logprobs"] = True
+    if weights == "online":
+        fp8 = dict(spec, engine=dict(engine, quantization="fp8"))
+    else:
+        # The Mamba in_proj stays bf16: its 1,804 rows are no multiple of 16, and vLLM 0.26's
+        # CUTLASS FP8 layer, padding such a weight at load, fails (in its own model too).
+        fp8_dir = write_fp8_checkpoint(shipped, tmp_path / "fp8", keep=("in_proj",))
+        fp8 = dict(spec, model=str(fp8_dir), engine=engine)
+    runs = {
+        ("plugin", "fp8"): run_engine(fp8),
+        ("builtin", "fp8"): run_engine(fp8, VLLM_NEMOTRON_H_DISABLE="1"),
+        ("plugin", "bf16"): run_engine(dict(spec, engine=engine)),
+        ("builtin", "bf16"): run_engine(dict(spec, engine=engine), VLLM_NEMOTRON_H_DISABLE="1"),
+    }
+    assert runs["plugin", "fp8"]["model_class"].startswith("vllm_nemotron_h.")
+    assert runs["builtin", "fp8"]["model_class"].startswith("vllm.model_executor.models.")
+    between = logprob_diffs(runs["plugin", "fp8"], runs["builtin", "fp8"])
+    to_bf16 = {
+        impl: mean(logprob_diffs(runs[impl, "fp8"], runs[impl, "bf16"]))
+        for impl in ("plugin", "builtin")
+    }
+    figures = dict(
+        weights=weights,
+        tokens_equal_to_builtin=agreement(
+            runs["plugin", "fp8"]["tokens"], runs["builtin", "fp8"]["tokens"]
+        ),
+        logprob_diff_to_builtin=mean(between),
+        fp8_logprob_diff_to_own_bf16=to_bf16,
+        tokens_equal_to_own_bf16={
+            impl: agreement(runs[impl, "fp8"]["tokens"], runs[impl, "bf16"]["tokens"])
+            for impl in ("plugin", "builtin")
+        },
+    )
+    print(f"FP8 weights: {figures}")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"fp8-{weights}.json"), "w") as f:
+            json.dump(figures, f)
+    assert to_bf16["plugin"] <= 1.1 * to_bf16["builtin"] + 1e-3
 
 
 @pytest.mark.parametrize("ssm_state", ["auto", "int8"])

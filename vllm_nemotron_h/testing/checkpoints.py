@@ -5,6 +5,8 @@
   tokenizer and a chat template beside it. Tests and ``make demo`` run on these.
 * ``write_real_shape_config`` writes only the ``config.json`` of a public Nemotron-H model,
   for full-size runs with ``load_format="dummy"`` (random weights, real shapes).
+* ``write_fp8_checkpoint`` makes an FP8 copy of a checkpoint in the compressed-tensors
+  format that published FP8 checkpoints use.
 """
 
 from __future__ import annotations
@@ -249,3 +251,81 @@ def write_real_shape_config(path: str | Path, model: str, dtype: str = "bfloat16
     if not (path / "tokenizer.json").exists():
         _train_tokenizer(path)
     return path
+
+
+# float8_e4m3fn's largest finite value
+FP8_E4M3_MAX = 448.0
+# llm-compressor's FP8_DYNAMIC scheme: weights one scale per output channel, activations one
+# per token at run time.
+FP8_DYNAMIC_SCHEME = {
+    "targets": ["Linear"],
+    "weights": {
+        "num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel",
+        "dynamic": False,
+    },
+    "input_activations": {
+        "num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True,
+    },
+    "output_activations": None,
+}  # fmt: skip
+
+
+def is_fp8_projection(name: str) -> bool:
+    """The weights an FP8 checkpoint quantizes: the linear projections (Mamba in/out,
+    attention, MLP, routed and shared experts); not the embeddings, norms, conv, router or
+    LM head."""
+    return name.endswith("_proj.weight")
+
+
+def write_fp8_checkpoint(src: str | Path, dst: str | Path, keep: tuple[str, ...] = ()) -> Path:
+    """Writes an FP8 copy of checkpoint ``src`` to ``dst`` (once) and returns it: each
+    projection weight (is_fp8_projection) as float8_e4m3fn with an fp32 ``weight_scale`` per
+    output channel (the row's max |w| / 448, round to nearest), described by a
+    compressed-tensors ``quantization_config`` (FP8_DYNAMIC_SCHEME). Projections whose
+    module name ends with one of ``keep`` (e.g. "in_proj") stay as they are and are listed
+    in its ``ignore`` with the LM head, as published checkpoints list layers kept in 16 bits.
+    The other tensors and files are copied as they are."""
+    import re
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    if (dst / "model.safetensors").exists():
+        return dst
+    dst.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    out = {}
+    kept = sorted(
+        name.removesuffix(".weight")
+        for name in tensors
+        if is_fp8_projection(name) and name.removesuffix(".weight").endswith(keep or ("\0",))
+    )
+    for name, weight in tensors.items():
+        if not is_fp8_projection(name) or name.removesuffix(".weight") in kept:
+            out[name] = weight
+            continue
+        w = weight.float()
+        scale = w.abs().amax(dim=1, keepdim=True) / FP8_E4M3_MAX
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row
+        out[name] = (w / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+        out[name.removesuffix("weight") + "weight_scale"] = scale
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    for file in src.iterdir():
+        if file.is_file() and file.suffix != ".safetensors" and file.name != "config.json":
+            shutil.copy(file, dst / file.name)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": FP8_DYNAMIC_SCHEME},
+        # patterns, not names: vLLM renames the modules (backbone. -> model.)
+        "ignore": ["lm_head", *(f"re:.*\\.{re.escape(k)}$" for k in keep)],
+        "kv_cache_scheme": None,
+    }
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
