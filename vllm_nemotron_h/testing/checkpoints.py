@@ -5,6 +5,10 @@
   tokenizer and a chat template beside it. Tests and ``make demo`` run on these.
 * ``write_real_shape_config`` writes only the ``config.json`` of a public Nemotron-H model,
   for full-size runs with ``load_format="dummy"`` (random weights, real shapes).
+* ``write_published_config`` writes a public model's ``config.json`` in the schema of the
+  files on the model cards (transformers 4.x: a ``hybrid_override_pattern`` string and
+  ``num_hidden_layers``), where ``write_real_shape_config`` writes transformers 5's
+  (``layers_block_type`` lists).
 * ``write_fp8_checkpoint`` makes an FP8 copy of a checkpoint in the compressed-tensors
   format that published FP8 checkpoints use.
 """
@@ -250,6 +254,34 @@ def write_real_shape_config(path: str | Path, model: str, dtype: str = "bfloat16
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     if not (path / "tokenizer.json").exists():
         _train_tokenizer(path)
+    return path
+
+
+def write_published_config(path: str | Path, model: str, **changes: Any) -> Path:
+    """Writes ``config.json`` of public model ``model`` (REAL_SHAPES) as its model card
+    publishes it (no weights, no tokenizer), with ``changes`` applied (e.g. the fields of a
+    newer family member: ``moe_latent_size``, MTP layers, per-layer ``intermediate_size``)."""
+    if model not in REAL_SHAPES:
+        raise ValueError(f"model must be one of {sorted(REAL_SHAPES)}, got {model!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    fields = {**_COMMON, **REAL_SHAPES[model]}
+    cfg = {
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "num_hidden_layers": len(fields["hybrid_override_pattern"]),
+        "vocab_size": 131072,
+        "torch_dtype": "bfloat16",
+        "expand": 2,
+        "rms_norm_eps": fields["layer_norm_epsilon"],
+        "attention_bias": False,
+        "mlp_bias": False,
+        "use_bias": False,
+        "mamba_proj_bias": False,
+        **fields,
+        **changes,
+    }
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return path
 
 
