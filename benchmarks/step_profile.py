@@ -7,7 +7,11 @@ After a warm-up the profiler records generate(max_tokens=1) (the prefill step an
 token) and generate(max_tokens=1 + N); a kernel's time per decode step is (its time in the
 long run - its time in the short run) / N. Wall times of the two runs give the step's wall
 time the same way; wall minus kernel time is what the GPU waited for the host. Kernels are
-summed into categories by name (CATEGORIES).
+summed into categories by name (CATEGORIES). The host's side: the profiler also records
+CPU ops, and the ops that took the most host time in each step are listed with their call
+counts (self time: what the op's own Python and dispatch cost, not its children). Because
+the profiler slows the host, the prefill step is also timed without it: generate(max_tokens=1)
+PREFILL_RUNS times (median and minimum), the time to first token of a lone batch.
 
     python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype float32 --batch 1
     python benchmarks/step_profile.py --model dense --batch 4     # a tiny preset, on CPU too
@@ -51,14 +55,36 @@ def category(name: str) -> str:
     return next((c for c, pattern in CATEGORIES if re.search(pattern, name)), "other")
 
 
+PREFILL_RUNS = 20
+
+
 def times_by_name(prof, cuda: bool) -> dict[str, float]:
-    """us per kernel (GPU) or per op, self time (CPU), summed over the profiled window."""
+    """us per kernel (GPU) or per op, self time (CPU), summed over the profiled window. On a
+    GPU only the device's own events count (a CPU op's device time is its kernels')."""
+    from torch.autograd import DeviceType
+
     out: dict[str, float] = {}
     for e in prof.key_averages():
+        if cuda and e.device_type != DeviceType.CUDA:
+            continue
         t = e.self_device_time_total if cuda else e.self_cpu_time_total
         if t > 0:
             out[e.key] = out.get(e.key, 0.0) + t
     return out
+
+
+def host_times(prof) -> dict[str, tuple[int, float]]:
+    """(calls, self CPU time in us) per CPU op, summed over the profiled window."""
+    return {
+        e.key: (e.count, e.self_cpu_time_total)
+        for e in prof.key_averages()
+        if e.self_cpu_time_total > 0
+    }
+
+
+def host_summary(per_op: dict[str, tuple[int, float]], top: int = 30) -> list:
+    rows = sorted(per_op.items(), key=lambda kv: -kv[1][1])[:top]
+    return [(name[:120], calls, round(t, 1)) for name, (calls, t) in rows]
 
 
 def summary(per_name: dict[str, float], wall_us: float, top: int = 25) -> dict:
@@ -75,6 +101,8 @@ def summary(per_name: dict[str, float], wall_us: float, top: int = 25) -> dict:
 
 
 def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
+    import statistics
+
     import torch
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
@@ -95,22 +123,45 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
             torch.cuda.synchronize()
 
     generate(decode_steps + 1)  # warm-up: compiles, autotunes, fills caches
+    prefill_walls = []
+    for _ in range(PREFILL_RUNS):
+        start = time.perf_counter()
+        generate(1)
+        prefill_walls.append(1e6 * (time.perf_counter() - start))
     runs = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for n in (1, decode_steps + 1):
-        activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
-        with profile(activities=[activity]) as prof:
+        with profile(activities=activities) as prof:
             start = time.perf_counter()
             generate(n)
             wall = time.perf_counter() - start
-        runs[n] = (times_by_name(prof, cuda), 1e6 * wall)
-    (short, short_wall), (long, long_wall) = runs[1], runs[decode_steps + 1]
+        runs[n] = (times_by_name(prof, cuda), 1e6 * wall, host_times(prof))
+    (short, short_wall, short_host), (long, long_wall, long_host) = (
+        runs[1],
+        runs[decode_steps + 1],
+    )
     decode = {k: (long.get(k, 0.0) - short.get(k, 0.0)) / decode_steps for k in long}
     decode = {k: t for k, t in decode.items() if t > 0}
+    decode_host = {
+        k: ((c - short_host.get(k, (0, 0.0))[0]) / decode_steps,
+            (t - short_host.get(k, (0, 0.0))[1]) / decode_steps)
+        for k, (c, t) in long_host.items()
+    }  # fmt: skip
+    decode_host = {k: v for k, v in decode_host.items() if v[1] > 0}
+    prefill = summary(short, short_wall)
+    prefill.update(
+        unprofiled_wall_us=dict(
+            median=round(statistics.median(prefill_walls), 1), min=round(min(prefill_walls), 1)
+        ),
+        host=host_summary(short_host),
+    )
+    decode_step = summary(decode, (long_wall - short_wall) / decode_steps)
+    decode_step["host"] = host_summary(decode_host)
     return dict(
         model_class=llm.apply_model(model_class_name)[0],
         device=torch.cuda.get_device_name() if cuda else "cpu",
-        prefill_step=summary(short, short_wall),
-        decode_step=summary(decode, (long_wall - short_wall) / decode_steps),
+        prefill_step=prefill,
+        decode_step=decode_step,
     )
 
 
@@ -126,6 +177,14 @@ def print_table(res: dict[str, dict]) -> None:
             )
         for key in ("kernel_us", "wall_us"):
             print(f"  {key:32}" + "".join(f"{res[i][step][key]:14.1f}" for i in impls))
+    print("\nprefill step without the profiler, median (min) us")
+    for i in impls:
+        walls = res[i]["prefill_step"]["unprofiled_wall_us"]
+        print(f"  {i:32}{walls['median']:14.1f} ({walls['min']:.1f})")
+    for i in impls:
+        print(f"\nhost time of the prefill step by op, {i}: calls, self us")
+        for name, calls, t in res[i]["prefill_step"]["host"][:15]:
+            print(f"  {name[:70]:70}{calls:8}{t:12.1f}")
 
 
 def main() -> None:

@@ -114,10 +114,9 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "decode-profile.json"), "w") as f:
             json.dump(eager["profile"], f, indent=1)
-    # Decode steps: the fused Mamba tail (conv, state update, gated group norm) and the
-    # layer norms; neither vLLM's state update nor the separate tail kernels.
-    for ours in ("_mamba2_decode_kernel", "_rms_norm_kernel"):
-        assert any(ours in k for k in kernels), f"{ours} did not run: {kernels}"
+    # Decode steps: the fused Mamba tail (conv, state update, gated group norm); neither
+    # vLLM's state update nor the separate tail kernels.
+    assert any("_mamba2_decode_kernel" in k for k in kernels), f"no fused tail: {kernels}"
     for other in (
         "_selective_scan_update_kernel",
         "_selective_state_update_kernel",

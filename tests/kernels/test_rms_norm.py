@@ -2,33 +2,14 @@ import pytest
 import torch
 from helpers import DEVICES, TOL, rel_err
 
-from vllm_nemotron_h.ops import group_rms_norm, rms_norm
+from vllm_nemotron_h.ops import group_rms_norm
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
-from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu, rms_norm_cpu
-from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference, rms_norm_reference
+from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
+from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference
 
 
 def rnd(device, *shape, dtype=torch.float32):
     return torch.randn(*shape, device=device).to(dtype)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("with_residual", [True, False])
-def test_rms_norm_matches_reference(device, dtype, with_residual):
-    hidden = (96, 320) if device == "cpu" else (4096, 4480, 2688)
-    for h in hidden:
-        x = rnd(device, 5, h + 16, dtype=dtype)[:, :h]  # strided rows
-        w = rnd(device, h, dtype=dtype)
-        res = rnd(device, 5, h, dtype=dtype) if with_residual else None
-        ref = rms_norm_reference(x, w, 1e-5, res)
-        got = rms_norm(x, w, 1e-5, res)
-        if with_residual:
-            assert rel_err(got[0], ref[0]) < TOL[dtype]
-            # x + residual rounded once to x.dtype (the interpreter may round bf16 differently)
-            assert rel_err(got[1], ref[1]) < TOL[dtype]
-        else:
-            assert rel_err(got, ref) < TOL[dtype]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -55,18 +36,15 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="out must have x's dtype"):
         group_rms_norm(torch.zeros(2, 10), torch.ones(10), 5, 1e-5, out=torch.zeros(2, 10).half())
     with pytest.raises(ValueError, match="weight must have shape"):
-        rms_norm(torch.zeros(2, 10), torch.ones(9), 1e-5)
-    with pytest.raises(ValueError, match="residual must have shape"):
-        rms_norm(torch.zeros(2, 10), torch.ones(10), 1e-5, torch.zeros(3, 10))
+        group_rms_norm(torch.zeros(2, 10), torch.ones(9), 5, 1e-5)
+    with pytest.raises(ValueError, match="z must have shape"):
+        group_rms_norm(torch.zeros(2, 10), torch.ones(10), 5, 1e-5, z=torch.zeros(3, 10))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_paths_match_reference(dtype):
-    """The CPU serving paths against the literal references."""
-    x, res, z = (rnd("cpu", 4, 96, dtype=dtype) for _ in range(3))
+def test_cpu_path_matches_reference(dtype):
+    """The CPU serving path against the literal reference."""
+    x, z = (rnd("cpu", 4, 96, dtype=dtype) for _ in range(2))
     w = rnd("cpu", 96, dtype=dtype)
-    for got, ref in zip(rms_norm_cpu(x, w, 1e-5, res), rms_norm_reference(x, w, 1e-5, res)):
-        assert rel_err(got, ref) < TOL[dtype]
-    assert rel_err(rms_norm_cpu(x, w, 1e-5), rms_norm_reference(x, w, 1e-5)) < TOL[dtype]
     got = group_rms_norm_cpu(x, GroupNorm(w, 24), z)
     assert rel_err(got, group_rms_norm_reference(x, GroupNorm(w, 24), z)) < TOL[dtype]

@@ -1,9 +1,13 @@
 """``NemotronHForCausalLM`` as the plugin builds it.
 
-vLLM's classes provide the structure (embedding, attention, MLP/MoE layers, LM head, weight
-loading and name mapping, the hybrid-model class methods, torch.compile); while they build,
-vLLM's layer registry makes the plugin's Mamba2 mixer and RMSNorm where they ask for theirs,
-and on CPU the MoE layers are the plugin's. This module must not be named ``nemotron_h.py``:
+vLLM's classes provide the structure (embedding, attention, MLP/MoE layers, norms, LM head,
+weight loading and name mapping, the hybrid-model class methods, torch.compile); while they
+build, vLLM's layer registry makes the plugin's Mamba2 mixer where they ask for theirs, and on
+CPU the MoE layers are the plugin's. The model's RMSNorms stay vLLM's: torch.compile fuses
+them with the residual add into the graph around them, where an opaque op of the plugin's
+costs over ten times a fused kernel's launch in host time, which a step without CUDA graphs
+(a prefill beyond the captured sizes) pays once per layer, for a kernel barely faster
+(benchmarks/NOTES.md). This module must not be named ``nemotron_h.py``:
 vLLM caches model flags on disk keyed by the module's basename.
 """
 
@@ -12,7 +16,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 
-from vllm_nemotron_h.model_executor.custom_ops import PluginRMSNorm
 from vllm_nemotron_h.model_executor.decode_plan import runs_native_cpu_decode
 from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
@@ -65,11 +68,8 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         log_what_runs(describe(vllm_config))
         self.state_layout = state_layout(vllm_config)
-        # On CPU vLLM's own RMSNorm: torch.compile fuses it into the graph around it, where
-        # the plugin's opaque norm op would stand alone (its kernel is for GPUs).
-        cpu = on_cpu()
-        moe_layer = CpuNemotronHMoEDecoderLayer if cpu else None
-        with plugin_layers(PluginMambaMixer2, None if cpu else PluginRMSNorm, moe_layer):
+        moe_layer = CpuNemotronHMoEDecoderLayer if on_cpu() else None
+        with plugin_layers(PluginMambaMixer2, moe_layer):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     # The state tensors of a Mamba layer in vLLM's cache (ssm_state_cache.py), as the engine

@@ -14,7 +14,7 @@ from vllm_nemotron_h.ops.deferred_state_update import (
 )
 from vllm_nemotron_h.ops.mamba2_decode import DecodeWorkspace, mamba2_decode
 from vllm_nemotron_h.ops.mamba2_speculative_decode import mamba2_speculative_decode
-from vllm_nemotron_h.ops.rms_norm import group_rms_norm, rms_norm
+from vllm_nemotron_h.ops.rms_norm import group_rms_norm
 from vllm_nemotron_h.ops.selective_state_update import selective_state_update
 from vllm_nemotron_h.ops.state_slot_copy import gather_state_slots, scatter_state_slots
 
@@ -28,7 +28,6 @@ __all__ = [
     "group_rms_norm",
     "mamba2_decode",
     "mamba2_speculative_decode",
-    "rms_norm",
     "scatter_state_slots",
     "selective_state_update",
 ]

@@ -257,10 +257,13 @@ def write_real_shape_config(path: str | Path, model: str, dtype: str = "bfloat16
     return path
 
 
-def write_published_config(path: str | Path, model: str, **changes: Any) -> Path:
+def write_published_config(
+    path: str | Path, model: str, tokenizer: bool = False, **changes: Any
+) -> Path:
     """Writes ``config.json`` of public model ``model`` (REAL_SHAPES) as its model card
-    publishes it (no weights, no tokenizer), with ``changes`` applied (e.g. the fields of a
-    newer family member: ``moe_latent_size``, MTP layers, per-layer ``intermediate_size``)."""
+    publishes it (no weights), with ``changes`` applied (e.g. the fields of a newer family
+    member: ``moe_latent_size``, MTP layers, per-layer ``intermediate_size``); with
+    ``tokenizer`` also a small tokenizer, for an engine with random weights to serve it."""
     if model not in REAL_SHAPES:
         raise ValueError(f"model must be one of {sorted(REAL_SHAPES)}, got {model!r}")
     path = Path(path)
@@ -282,6 +285,8 @@ def write_published_config(path: str | Path, model: str, **changes: Any) -> Path
         **changes,
     }
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    if tokenizer and not (path / "tokenizer.json").exists():
+        _train_tokenizer(path)
     return path
 
 

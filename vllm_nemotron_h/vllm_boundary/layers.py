@@ -88,32 +88,25 @@ def on_cpu() -> bool:
 
 
 @contextlib.contextmanager
-def plugin_layers(
-    mixer: type[MambaMixer2], rms_norm: type[RMSNorm] | None, moe_layer: type[nn.Module] | None
-) -> Iterator[None]:
-    """While vLLM's Nemotron-H model is built: its ``MambaMixer2(...)`` and (when
-    ``rms_norm`` is given) ``RMSNorm(...)`` calls make the plugin's classes (vLLM's
-    out-of-tree layer registry, looked up by class name at instantiation), and ``moe_layer``
-    (when given) builds its "E" layers. Scoped to the build: the registry is process-wide and
-    other Mamba2 models must keep vLLM's."""
+def plugin_layers(mixer: type[MambaMixer2], moe_layer: type[nn.Module] | None) -> Iterator[None]:
+    """While vLLM's Nemotron-H model is built: its ``MambaMixer2(...)`` calls make the
+    plugin's class (vLLM's out-of-tree layer registry, looked up by class name at
+    instantiation), and ``moe_layer`` (when given) builds its "E" layers. Scoped to the build:
+    the registry is process-wide and other Mamba2 models must keep vLLM's."""
     registry = custom_op.op_registry_oot
     layer_types = vllm_nemotron_h.ALL_DECODER_LAYER_TYPES
-    saved = {name: registry.get(name) for name in ("MambaMixer2", "RMSNorm")}
-    saved_moe = layer_types["E"]
+    saved, saved_moe = registry.get("MambaMixer2"), layer_types["E"]
     registry["MambaMixer2"] = mixer
-    if rms_norm is not None:
-        registry["RMSNorm"] = rms_norm
     if moe_layer is not None:
         layer_types["E"] = moe_layer
     try:
         yield
     finally:
         layer_types["E"] = saved_moe
-        for name, cls in saved.items():
-            if cls is None:
-                registry.pop(name, None)
-            else:
-                registry[name] = cls
+        if saved is None:
+            registry.pop("MambaMixer2", None)
+        else:
+            registry["MambaMixer2"] = saved
 
 
 def bare_module_init(layer: nn.Module) -> None:

@@ -70,12 +70,11 @@ def _check_mixer_base() -> None:
 def _check_layer_registry() -> None:
     from vllm.model_executor import custom_op
 
-    from vllm_nemotron_h.vllm_boundary.layers import MambaMixer2, RMSNorm
+    from vllm_nemotron_h.vllm_boundary.layers import MambaMixer2
 
     _require(isinstance(custom_op.op_registry_oot, dict), "op_registry_oot is not a dict")
-    for cls in (MambaMixer2, RMSNorm):
-        source = inspect.getsource(type.__getattribute__(cls, "__new__"))
-        _require("op_registry_oot" in source, f"{cls.__name__}.__new__ ignores op_registry_oot")
+    source = inspect.getsource(type.__getattribute__(MambaMixer2, "__new__"))
+    _require("op_registry_oot" in source, "MambaMixer2.__new__ ignores op_registry_oot")
 
 
 def _check_decoder_layers() -> None:
@@ -85,7 +84,6 @@ def _check_decoder_layers() -> None:
     _require(set(types) >= {"M", "*", "-", "E"}, f"ALL_DECODER_LAYER_TYPES is {set(types)}")
     mamba_layer = inspect.getsource(nemotron_h.NemotronHMambaDecoderLayer.__init__)
     _require("MambaMixer2(" in mamba_layer, "the Mamba decoder layer no longer builds MambaMixer2")
-    _require("RMSNorm(" in mamba_layer, "the Mamba decoder layer no longer builds RMSNorm")
     source = inspect.getsource(nemotron_h.NemotronHModel)
     _require("ALL_DECODER_LAYER_TYPES" in source, "NemotronHModel ignores ALL_DECODER_LAYER_TYPES")
 
@@ -343,9 +341,9 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "out-of-tree-layer-registry",
         "vllm.model_executor.custom_op.op_registry_oot (PluggableLayer/CustomOp.__new__)",
-        "vLLM's Nemotron-H builds the plugin's mixer and (on GPUs) RMSNorm (no copy of its decoder "
-        "layers); set only while the plugin's model builds, since the registry is "
-        "process-wide and keyed by class name (other Mamba2 models keep vLLM's)",
+        "vLLM's Nemotron-H builds the plugin's mixer (no copy of its decoder layers); set "
+        "only while the plugin's model builds, since the registry is process-wide and keyed "
+        "by class name (other Mamba2 models keep vLLM's)",
         BOTH,
         "a per-model layer override in vLLM (register_oot scoped to an architecture)",
         _check_layer_registry,

@@ -1,21 +1,10 @@
-"""The CPU serving paths of RMSNorm and grouped RMSNorm: whole-tensor PyTorch, fp32 math."""
+"""The CPU serving path of the grouped RMSNorm: whole-tensor PyTorch, fp32 math."""
 
 from __future__ import annotations
 
 import torch
 
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
-
-
-def rms_norm_cpu(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Same arguments and results as the interface's ``rms_norm``; no checks."""
-    if residual is not None:
-        x = (x.float() + residual.float()).to(x.dtype)
-    xf = x.float()
-    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-    return (out, x) if residual is not None else out
 
 
 def group_rms_norm_cpu(

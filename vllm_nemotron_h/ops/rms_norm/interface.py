@@ -1,9 +1,4 @@
-"""RMSNorm (optionally fused with the residual add) and grouped RMSNorm, inference only.
-
-``rms_norm(x, weight, eps, residual)``::
-
-    r   = x + residual                 (rounded to x.dtype; returned as the new residual)
-    out = r * rsqrt(mean(r^2) + eps) * weight
+"""Grouped RMSNorm, inference only.
 
 ``group_rms_norm(x, weight, group_size, eps, z, out)`` normalises each contiguous group of
 ``group_size`` channels on its own (Mamba2's gated norm with ``n_groups`` groups); with a
@@ -11,8 +6,11 @@ gate ``z`` the input is ``x * silu(z)`` first (the prefill path; decode gates in
 update already). ``out`` may be ``x`` itself (in place: each program reads its group before
 it writes it), which saves the model a copy per Mamba layer.
 
-Shapes: x, residual, z, out (tokens, hidden), weight (hidden,); any float dtype, math in
-fp32. Inference mode: nothing but the outputs is allocated or written (no rstd).
+    out = g * rsqrt(mean(g^2) + eps) * weight    for each group g of x (or of x * silu(z))
+
+Shapes: x, z, out (tokens, hidden), weight (hidden,); any float dtype, math in fp32.
+Inference mode: nothing but the outputs is allocated or written (no rstd). The model's other
+RMSNorms are vLLM's, fused by torch.compile with the residual add around them.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import torch
 
 from vllm_nemotron_h.ops.rms_norm import kernel
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
-from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu, rms_norm_cpu
+from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
 from vllm_nemotron_h.ops.support import ACTIVATION_DTYPES, check_tensor, use_triton
 
 
@@ -30,19 +28,6 @@ def _check_rows(name: str, t: torch.Tensor, like: torch.Tensor | None = None) ->
         check_tensor(name, t, (None, None), ACTIVATION_DTYPES, unit_last_stride=True)
     else:
         check_tensor(name, t, tuple(like.shape), ACTIVATION_DTYPES, like.device, True)
-
-
-def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Returns the normalised rows, and with ``residual`` also ``x + residual``."""
-    _check_rows("x", x)
-    check_tensor("weight", weight, (x.shape[1],), ACTIVATION_DTYPES, x.device)
-    if residual is not None:
-        _check_rows("residual", residual, x)
-    if not use_triton(x):
-        return rms_norm_cpu(x, weight, eps, residual)
-    return kernel.launch(x, weight, eps, residual)
 
 
 def check_group(

@@ -1,5 +1,5 @@
-"""RMSNorm and grouped RMSNorm written as their formulas, one row and group at a time, in
-fp64 on the CPU (the test oracle; production never calls them)."""
+"""The grouped RMSNorm written as its formula, one row and group at a time, in fp64 on the
+CPU (the test oracle; production never calls it)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,6 @@ from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 
 def _normalised(v: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return v / torch.sqrt((v * v).mean() + eps) * w
-
-
-def rms_norm_reference(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Same arguments and results as ``rms_norm`` (see interface.py)."""
-    if residual is not None:
-        # The sum is rounded to x's dtype: it is the residual the next layer adds.
-        x = (x.double() + residual.double()).to(x.dtype)
-    xs, w = x.detach().cpu().double(), weight.detach().cpu().double()
-    out = torch.empty_like(x)
-    for r in range(x.shape[0]):
-        out[r] = _normalised(xs[r], w, eps)
-    return (out, x) if residual is not None else out
 
 
 def group_rms_norm_reference(
