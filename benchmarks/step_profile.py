@@ -7,13 +7,15 @@ After a warm-up the profiler records generate(max_tokens=1) (the prefill step an
 token) and generate(max_tokens=1 + N); a kernel's time per decode step is (its time in the
 long run - its time in the short run) / N. Wall times of the two runs give the step's wall
 time the same way; wall minus kernel time is what the GPU waited for the host. Kernels are
-summed into categories by name (CATEGORIES). The host's side: the profiler also records
-CPU ops, and the ops that took the most host time in each step are listed with their call
-counts (self time: what the op's own Python and dispatch cost, not its children). Because
-the profiler slows the host, the prefill step is also timed without it: generate(max_tokens=1)
-PREFILL_RUNS times (median and minimum), the time to first token of a lone batch.
+summed into categories by name (CATEGORIES). The prefill step is also timed without the
+profiler: generate(max_tokens=1) PREFILL_RUNS times (median and minimum), the time to first
+token of a lone batch. With --host (always on CPU) the profiler also records CPU ops, and
+the ops that took the most host time in each step are listed with their call counts (self
+time: what the op's own Python and dispatch cost, not its children); on a GPU that makes a
+run several times slower (8B at B=1: ~4 min per implementation).
 
     python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype float32 --batch 1
+    python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype bfloat16 --host
     python benchmarks/step_profile.py --model dense --batch 4     # a tiny preset, on CPU too
 
 Writes benchmarks/results/step-profile-<model>-<state dtype>-b<batch>-<device>.json.
@@ -100,7 +102,7 @@ def summary(per_name: dict[str, float], wall_us: float, top: int = 25) -> dict:
     )
 
 
-def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
+def child(model: str, state_dtype: str, batch: int, decode_steps: int, host: bool) -> dict:
     import statistics
 
     import torch
@@ -129,7 +131,10 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
         generate(1)
         prefill_walls.append(1e6 * (time.perf_counter() - start))
     runs = {}
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    host = host or not cuda
+    activities = [ProfilerActivity.CUDA] if cuda else []
+    if host:
+        activities.append(ProfilerActivity.CPU)
     for n in (1, decode_steps + 1):
         with profile(activities=activities) as prof:
             start = time.perf_counter()
@@ -149,14 +154,13 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int) -> dict:
     }  # fmt: skip
     decode_host = {k: v for k, v in decode_host.items() if v[1] > 0}
     prefill = summary(short, short_wall)
-    prefill.update(
-        unprofiled_wall_us=dict(
-            median=round(statistics.median(prefill_walls), 1), min=round(min(prefill_walls), 1)
-        ),
-        host=host_summary(short_host),
+    prefill["unprofiled_wall_us"] = dict(
+        median=round(statistics.median(prefill_walls), 1), min=round(min(prefill_walls), 1)
     )
     decode_step = summary(decode, (long_wall - short_wall) / decode_steps)
-    decode_step["host"] = host_summary(decode_host)
+    if host:
+        prefill["host"] = host_summary(short_host)
+        decode_step["host"] = host_summary(decode_host)
     return dict(
         model_class=llm.apply_model(model_class_name)[0],
         device=torch.cuda.get_device_name() if cuda else "cpu",
@@ -182,6 +186,8 @@ def print_table(res: dict[str, dict]) -> None:
         walls = res[i]["prefill_step"]["unprofiled_wall_us"]
         print(f"  {i:32}{walls['median']:14.1f} ({walls['min']:.1f})")
     for i in impls:
+        if "host" not in res[i]["prefill_step"]:
+            continue
         print(f"\nhost time of the prefill step by op, {i}: calls, self us")
         for name, calls, t in res[i]["prefill_step"]["host"][:15]:
             print(f"  {name[:70]:70}{calls:8}{t:12.1f}")
@@ -197,12 +203,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--impls", default="builtin,plugin")
+    ap.add_argument("--host", action="store_true", help="also the host's time by op (slower)")
     args = ap.parse_args()
     spec = dict(
         model=args.model,
         state_dtype=args.state_dtype,
         batch=args.batch,
         decode_steps=args.decode_steps,
+        host=args.host,
     )
     res: dict[str, dict] = {}
     for impl in args.impls.split(","):
