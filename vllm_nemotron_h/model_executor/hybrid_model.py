@@ -113,7 +113,7 @@ def describe(vllm_config: VllmConfig) -> str:
         )
         if native and draft_tokens:
             decode += " in steps without drafts, the plugin's CPU path (PyTorch) in the others"
-        prefill, moe = "CPU path", "MoE layers the plugin's CPU path; RMSNorm vLLM's"
+        prefill, moe = "CPU path", "MoE layers the plugin's CPU path"
     elif draft_tokens:
         decode = (
             "the plugin's Triton kernels for speculative decoding (conv, state update keeping "
@@ -138,8 +138,8 @@ def describe(vllm_config: VllmConfig) -> str:
         f"{decode}{speculation_description(vllm_config)}; "
         f"SSM state {state_description(vllm_config)}; {writes_description(vllm_config)}; "
         f"prefill slot copies and group norm on the "
-        f"plugin's {prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP and "
-        f"linear layers vLLM's, {moe}; Mamba prefix caching mode "
+        f"plugin's {prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP, "
+        f"RMSNorm and linear layers vLLM's, {moe}; Mamba prefix caching mode "
         f"{mamba_cache_mode(vllm_config)!r}; tensor parallel {tensor_parallel_size_of(vllm_config)}"
     )
 
