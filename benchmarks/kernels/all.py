@@ -8,6 +8,7 @@ from __future__ import annotations
 import causal_conv1d_update
 import harness
 import mamba2_decode
+import mamba2_prefill_tail
 import rms_norm
 import selective_state_update
 import state_slot_copy
@@ -20,6 +21,7 @@ OPS = {
         rms_norm,
         mamba2_decode,
         state_slot_copy,
+        mamba2_prefill_tail,
     )
 }
 

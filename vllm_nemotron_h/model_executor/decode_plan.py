@@ -7,7 +7,8 @@ table per batch size, resolved once per layer shape. ``LayerPlan`` binds one lay
 first step with a state cache it checks the layer's state views, weights and the step's
 activation views (their layout is the same every step: column slices of the input
 projection) with the ops' own checks, then per step it launches the kernels directly (or
-runs the CPU paths): the decode tail, the prefill's slot copies and its gated group norm.
+runs the CPU paths): the decode tail, the prefill's initial-state gather and its tail (the
+gated group norm and the final states into their slots, ops/mamba2_prefill_tail).
 With deferred writes the plan also writes a prefill's rings into their states before it
 reads them, and empties them after it writes the final states.
 
@@ -40,16 +41,20 @@ from vllm_nemotron_h.ops.mamba2_decode.args import (
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeLaunch, DecodeShape
 from vllm_nemotron_h.ops.mamba2_decode.kernel import DecodeWorkspace
+from vllm_nemotron_h.ops.mamba2_prefill_tail import interface as tail_op
+from vllm_nemotron_h.ops.mamba2_prefill_tail import kernel as tail_kernel
+from vllm_nemotron_h.ops.mamba2_prefill_tail.args import FinalStates
+from vllm_nemotron_h.ops.mamba2_prefill_tail.cpu import (
+    mamba2_prefill_tail_cpu,
+    write_final_states_cpu,
+)
 from vllm_nemotron_h.ops.mamba2_speculative_decode import interface as speculative_op
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
-from vllm_nemotron_h.ops.rms_norm import interface as norm_op
-from vllm_nemotron_h.ops.rms_norm import kernel as norm_kernel
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
-from vllm_nemotron_h.ops.state_format import dequantize, quantize
-from vllm_nemotron_h.ops.state_slot_copy import interface as copy_op
+from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.ops.state_slot_copy import kernel as copy_kernel
-from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu, scatter_state_slots_cpu
+from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu
 from vllm_nemotron_h.ops.support import use_triton
 from vllm_nemotron_h.vllm_boundary import cpu_ops
 
@@ -202,11 +207,14 @@ class LayerPlan:
             speculative_op.check(self.layer, no_rows)
         else:
             decode_op.check(self.layer, DecodeStep(xbc, dt, gate, None, out))
+        no_states = torch.empty(
+            (0, *ssm_state.shape[1:]), dtype=scan_state_dtype(ssm_state.dtype), device=xbc.device
+        )
+        no_rows = FinalStates(ssm_state, ssm_scale, no_slots, no_states)
         if w.decode_norm:
-            norm_op.check_group(out, w.norm, gate, out)
-        copy_op.check_state(ssm_state, no_slots)
-        if ssm_scale is not None:
-            copy_op.check_state(ssm_scale, no_slots)
+            tail_op.check(out, gate, w.norm, no_rows)
+        else:  # the norm's group spans ranks: the mixer normalises, the tail writes the states
+            tail_op.check_final_states(no_rows)
         self.kv_cache = kv_cache  # the binding this plan was made for
         self.conv_state, self.ssm_state, self.ssm_scale = conv_state, ssm_state, ssm_scale
         self.deferred = deferred
@@ -316,14 +324,24 @@ class LayerPlan:
         return dequantize(states, self._gather(self.ssm_scale, slots, has_initial))
 
     def scatter_final_states(self, slots: torch.Tensor, states: torch.Tensor) -> None:
-        """Writes the prefill rows' final SSM states into their slots (quantized for an int8
-        state, with their scales)."""
-        if self.ssm_scale is None:
-            self._scatter(self.ssm_state, slots, states)
+        """Writes the prefill rows' final SSM states (the scan's dtype) into their slots,
+        quantized for an int8 state, with their scales."""
+        final = FinalStates(self.ssm_state, self.ssm_scale, slots, states)
+        if self.on_triton:
+            tail_kernel.launch(None, None, None, final)
         else:
-            q, scale = quantize(states.float())
-            self._scatter(self.ssm_state, slots, q)
-            self._scatter(self.ssm_scale, slots, scale)
+            write_final_states_cpu(final)
+
+    def prefill_tail(
+        self, y: torch.Tensor, gate: torch.Tensor, slots: torch.Tensor, states: torch.Tensor
+    ) -> None:
+        """The prefill rows' gated group norm of ``y`` in place and their final states into
+        their slots (``scatter_final_states``), in one launch on the GPU."""
+        final = FinalStates(self.ssm_state, self.ssm_scale, slots, states)
+        if self.on_triton:
+            tail_kernel.launch(y, gate, self.weights.norm, final)
+        else:
+            mamba2_prefill_tail_cpu(y, gate, self.weights.norm, final)
 
     def flush_rings(self, slots: torch.Tensor) -> None:
         """With deferred writes, writes the rings of ``slots`` (int64; null slots skipped)
@@ -353,16 +371,3 @@ class LayerPlan:
         if self.on_triton:
             return copy_kernel.gather(state, slots, has_initial)
         return gather_state_slots_cpu(state, slots, has_initial)
-
-    def _scatter(self, state, slots, values) -> None:
-        if self.on_triton:
-            copy_kernel.scatter(state, slots, values)
-        else:
-            scatter_state_slots_cpu(state, slots, values)
-
-    def gated_group_norm(self, y: torch.Tensor, gate: torch.Tensor | None) -> None:
-        """Group RMSNorm of ``y`` in place, gated by silu(``gate``) first when given."""
-        if self.on_triton:
-            norm_kernel.launch_group(y, self.weights.norm, gate, y)
-        else:
-            group_rms_norm_cpu(y, self.weights.norm, gate, y)

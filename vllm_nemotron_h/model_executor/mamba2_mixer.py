@@ -5,10 +5,11 @@ Nemotron-H asks for a ``MambaMixer2`` (vllm_boundary.layers.plugin_layers).
 Per step, inside vLLM's ``vllm::mamba_mixer2`` op (a CUDA-graph split point), through the
 layer's plan (decode_plan.py: checked once, then launches only):
     prefill rows: vLLM's causal_conv1d_fn and chunked scan, without the gate (CPU ops on CPU),
-                  then the group norm with the silu(z) gate, no rstd stored (vLLM's scan with
-                  z took 5x longer: 807 vs 155 us per 128-token prefill of Nemotron-H 8B on
-                  the H100, step_profile.py); initial and final SSM states move between
-                  the state cache and the scan through the rows' slots (state_slot_copy)
+                  then the prefill tail in one launch (ops/mamba2_prefill_tail): the group
+                  norm with the silu(z) gate, no rstd stored, and the final SSM states into
+                  the rows' slots (vLLM's scan with z took 5x longer: 807 vs 155 us per
+                  128-token prefill of Nemotron-H 8B on the H100, step_profile.py); initial
+                  states are gathered from the slots (state_slot_copy)
     decode rows:  the decode tail (ops/mamba2_decode; under speculative decoding, with a row's
                   target and draft tokens and a state kept per token,
                   ops/mamba2_speculative_decode): conv update -> state update (softplus,
@@ -102,7 +103,7 @@ class PluginMambaMixer2(MambaMixer2):
         )
         plan = self._plan(md, xbc, dt, gate, output[:n_all])
         if md.num_prefills > 0:
-            self._prefill(plan, md, xbc[n_dec:], dt[n_dec:], output[n_dec:n_all])
+            self._prefill(plan, md, xbc[n_dec:], dt[n_dec:], gate[n_dec:], output[n_dec:n_all])
         if n_dec > 0 and md.query_start_d is not None:  # speculative decoding
             plan.decode_speculative(
                 xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], md.state_slots_d,
@@ -114,11 +115,8 @@ class PluginMambaMixer2(MambaMixer2):
             plan.decode(xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], slots, slots_int32)
         if self.norm_spans_ranks and n_dec > 0:
             self._norm_across_ranks(output[:n_dec])  # gated in the decode tail already
-        if md.num_prefills > 0:
-            if self.norm_spans_ranks:
-                self._norm_across_ranks(output[n_dec:n_all], gate[n_dec:])
-            else:
-                plan.gated_group_norm(output[n_dec:n_all], gate[n_dec:])
+        if md.num_prefills > 0 and self.norm_spans_ranks:
+            self._norm_across_ranks(output[n_dec:n_all], gate[n_dec:])
 
     def _plan(self, md: StateSlotsMetadata, xbc, dt, gate, out) -> LayerPlan:
         """The layer's plan for its bound state cache, made at its first step."""
@@ -136,7 +134,7 @@ class PluginMambaMixer2(MambaMixer2):
             )  # fmt: skip
         return self.plan
 
-    def _prefill(self, plan: LayerPlan, md, xbc, dt, out) -> None:
+    def _prefill(self, plan: LayerPlan, md, xbc, dt, gate, out) -> None:
         conv_state, ssm_state = plan.conv_state, plan.ssm_state
         placeholders = md.placeholder_prefills
         if placeholders is not None:
@@ -166,7 +164,10 @@ class PluginMambaMixer2(MambaMixer2):
             md, scan, x, B, C, dt, out, initial_states, xbc, conv_state, ssm_state,
             plan.scan_state_dtype, plan.scatter_final_states,
         )  # fmt: skip
-        plan.scatter_final_states(md.state_indices_tensor_p, final_states)
+        if self.norm_spans_ranks:  # normalised with an all-reduce after the decode rows
+            plan.scatter_final_states(md.state_indices_tensor_p, final_states)
+        else:
+            plan.prefill_tail(out, gate, md.state_indices_tensor_p, final_states)
         if md.ring_slots_p is not None:
             plan.empty_rings(md.ring_slots_p)
 

@@ -13,6 +13,7 @@ from vllm_nemotron_h.ops.deferred_state_update import (
     flush_deferred_state,
 )
 from vllm_nemotron_h.ops.mamba2_decode import DecodeWorkspace, mamba2_decode
+from vllm_nemotron_h.ops.mamba2_prefill_tail import mamba2_prefill_tail
 from vllm_nemotron_h.ops.mamba2_speculative_decode import mamba2_speculative_decode
 from vllm_nemotron_h.ops.rms_norm import group_rms_norm
 from vllm_nemotron_h.ops.selective_state_update import selective_state_update
@@ -27,6 +28,7 @@ __all__ = [
     "gather_state_slots",
     "group_rms_norm",
     "mamba2_decode",
+    "mamba2_prefill_tail",
     "mamba2_speculative_decode",
     "scatter_state_slots",
     "selective_state_update",

@@ -11,12 +11,14 @@ from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 
 
 @triton.jit
-def _group_rms_norm_kernel(
-    x_ptr, z_ptr, w_ptr, out_ptr, group_size, eps, x_row, z_row, out_row,
+def group_norm_program(
+    x_ptr, z_ptr, w_ptr, out_ptr, row, group, group_size, eps, x_row, z_row, out_row,
     HAS_Z: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * group_size + tl.arange(0, BLOCK)
+    """Normalises group ``group`` of row ``row`` (one program's work; the prefill tail's
+    norm programs run it too)."""
+    row = row.to(tl.int64)
+    cols = group * group_size + tl.arange(0, BLOCK)
     ok = tl.arange(0, BLOCK) < group_size
     x = tl.load(x_ptr + row * x_row + cols, mask=ok, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
@@ -25,6 +27,17 @@ def _group_rms_norm_kernel(
         x = x * z * tl.sigmoid(z)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / group_size + eps)
     tl.store(out_ptr + row * out_row + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _group_rms_norm_kernel(
+    x_ptr, z_ptr, w_ptr, out_ptr, group_size, eps, x_row, z_row, out_row,
+    HAS_Z: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    group_norm_program(
+        x_ptr, z_ptr, w_ptr, out_ptr, tl.program_id(0), tl.program_id(1), group_size, eps,
+        x_row, z_row, out_row, HAS_Z, BLOCK,
+    )  # fmt: skip
 
 
 def launch_group(
