@@ -137,8 +137,9 @@ def describe(vllm_config: VllmConfig) -> str:
         f"vllm-nemotron-h {plugin_version()} serves NemotronHForCausalLM: Mamba2 decode on "
         f"{decode}{speculation_description(vllm_config)}; "
         f"SSM state {state_description(vllm_config)}; {writes_description(vllm_config)}; "
-        f"prefill slot copies and group norm on the "
-        f"plugin's {prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP, "
+        f"the prefill's initial-state gather and its tail (gated group norm, final states "
+        f"into their slots) on the plugin's {prefill}, the prefill conv and chunked scan on "
+        f"vLLM's; attention, MLP, "
         f"RMSNorm and linear layers vLLM's, {moe}; Mamba prefix caching mode "
         f"{mamba_cache_mode(vllm_config)!r}; tensor parallel {tensor_parallel_size_of(vllm_config)}"
     )
