@@ -29,12 +29,15 @@ from vllm_nemotron_h.ops import (
     gather_state_slots,
     group_rms_norm,
     mamba2_decode,
+    mamba2_prefill_tail,
     scatter_state_slots,
     selective_state_update,
 )
 from vllm_nemotron_h.ops.causal_conv1d_update.args import ConvUpdateStep
 from vllm_nemotron_h.ops.causal_conv1d_update.reference import causal_conv1d_update_reference
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
+from vllm_nemotron_h.ops.mamba2_prefill_tail.args import FinalStates
+from vllm_nemotron_h.ops.mamba2_prefill_tail.reference import mamba2_prefill_tail_reference
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.reference import group_rms_norm_reference
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
@@ -373,6 +376,89 @@ def test_state_slot_copy_property(
     scatter_state_slots(state, slots, values)
     equal("scatter_state_slots", compared=bool(rows))
     assert torch.equal(state, expected)
+
+
+PREFILL_TAIL_BROKEN = [None, None, None, "slots float", "final_states dtype",
+                       "final_states shape", "gate shape", "ssm_scale missing"]  # fmt: skip
+
+
+@SETTINGS
+@given(
+    seed=SEEDS,
+    num_slots=st.integers(1, 6),
+    rows=st.integers(0, 6),
+    tokens=st.integers(0, 5),
+    nheads=st.integers(1, 3),
+    head_dim=st.integers(1, 12),
+    d_state=st.sampled_from([16, 24, 64]),
+    groups=st.integers(1, 3),
+    group_size=st.integers(1, 40),
+    state_dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int8]),
+    act=DTYPES,
+    slot_dtype=st.sampled_from([torch.int32, torch.int64]),
+    pad=st.sampled_from([0, 0, 8]),
+    broken=st.sampled_from(PREFILL_TAIL_BROKEN),
+)
+def test_mamba2_prefill_tail_property(
+    seed, num_slots, rows, tokens, nheads, head_dim, d_state, groups, group_size, state_dtype,
+    act, slot_dtype, pad, broken,
+):  # fmt: skip
+    torch.manual_seed(seed)  # hypothesis draws the values through this seed
+    rows = min(rows, num_slots)  # slots are distinct
+    hidden, n = groups * group_size, nheads * head_dim * d_state
+    y, gate, w = rnd(tokens, hidden, dtype=act), rnd(tokens, hidden, dtype=act), rnd(hidden)
+    quantized = state_dtype == torch.int8
+    flat = rnd(num_slots, n + pad)
+    state = (flat.mul(40).round().clamp(-127, 127) if quantized else flat).to(state_dtype)
+    state = state[:, :n].view(num_slots, nheads, head_dim, d_state)
+    scale = rnd(num_slots, nheads, head_dim).abs() if quantized else None
+    slots = torch.randperm(num_slots, device=DEV)[:rows].to(slot_dtype)
+    values = rnd(rows, nheads, head_dim, d_state, dtype=torch.float32 if quantized else state_dtype)
+    match = None
+    if broken == "slots float":
+        slots, match = slots.float(), "slots must have dtype"
+    elif broken == "final_states dtype":
+        values, match = values.to(torch.float64), "final_states must have dtype"
+    elif broken == "final_states shape":
+        values, match = values[..., :-1], "final_states must have shape"
+    elif broken == "gate shape":
+        gate, match = gate[:, :-1] if hidden > 1 else gate[:, None], "gate must have shape"
+    elif broken == "ssm_scale missing" and quantized:
+        scale, match = None, "ssm_scale must be a torch.Tensor"
+    w = w.to(act)
+    before = (y.clone(), state.clone(), None if scale is None else scale.clone())
+
+    def call(states):
+        mamba2_prefill_tail(
+            y, gate, w, group_size, 1e-5, states.ssm_state, states.slots, states.values,
+            states.ssm_scale,
+        )  # fmt: skip
+
+    if match is not None:
+        with refused("mamba2_prefill_tail", match):
+            call(FinalStates(state, scale, slots, values))
+        assert torch.equal(y, before[0]) and torch.equal(state, before[1])  # nothing written
+        return
+    ref_y, ref_state = y.clone(), state.clone()
+    ref_scale = None if scale is None else scale.clone()
+    mamba2_prefill_tail_reference(
+        ref_y, gate, GroupNorm(w, group_size), FinalStates(ref_state, ref_scale, slots, values)
+    )
+    call(FinalStates(state, scale, slots, values))
+    equal("mamba2_prefill_tail", compared=bool(rows or tokens))
+    if tokens:
+        assert rel_err(y, ref_y) < tolerance(act, torch.float32, DEV)
+    if not quantized:
+        assert torch.equal(state, ref_state)
+        return
+    written = slots.long()
+    others = torch.ones(num_slots, dtype=torch.bool, device=DEV)
+    others[written] = False
+    assert torch.equal(state[others], before[1][others]) and torch.equal(
+        scale[others], before[2][others]
+    )
+    torch.testing.assert_close(scale[written], ref_scale[written], rtol=1e-6, atol=0)
+    assert_int8_state_close(state[written], scale[written], ref_state[written], ref_scale[written])
 
 
 @SETTINGS
