@@ -406,7 +406,9 @@ def test_mamba2_prefill_tail_property(
     torch.manual_seed(seed)  # hypothesis draws the values through this seed
     rows = min(rows, num_slots)  # slots are distinct
     hidden, n = groups * group_size, nheads * head_dim * d_state
-    y, gate, w = rnd(tokens, hidden, dtype=act), rnd(tokens, hidden, dtype=act), rnd(hidden)
+    y, gate, w = (
+        rnd(*shape, dtype=act) for shape in ((tokens, hidden), (tokens, hidden), (hidden,))
+    )
     quantized = state_dtype == torch.int8
     flat = rnd(num_slots, n + pad)
     state = (flat.mul(40).round().clamp(-127, 127) if quantized else flat).to(state_dtype)
@@ -425,7 +427,6 @@ def test_mamba2_prefill_tail_property(
         gate, match = gate[:, :-1] if hidden > 1 else gate[:, None], "gate must have shape"
     elif broken == "ssm_scale missing" and quantized:
         scale, match = None, "ssm_scale must be a torch.Tensor"
-    w = w.to(act)
     before = (y.clone(), state.clone(), None if scale is None else scale.clone())
 
     def call(states):

@@ -23,7 +23,7 @@ _WARPS = 8
 def _prefill_tail_kernel(
     y_ptr, gate_ptr, w_ptr, y_row, gate_row, group_size, groups, eps, norm_programs,
     values_ptr, state_ptr, scale_ptr, slots_ptr, slot_stride, state_slot, scale_slot,
-    state_rows, tiles, d_state,
+    values_row, state_rows, tiles, d_state,
     QUANTIZED: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -43,7 +43,7 @@ def _prefill_tail_kernel(
         # int64 before the multiply: slot x slot stride passes 2^31 in a large state cache.
         slot = tl.load(slots_ptr + row * slot_stride).to(tl.int64)
         offs = rows[:, None] * d_state + cols[None, :]
-        v = tl.load(values_ptr + row * state_rows * d_state + offs, mask=ok, other=0.0)
+        v = tl.load(values_ptr + row * values_row + offs, mask=ok, other=0.0)
         store_state_tile(
             state_ptr + slot * state_slot + offs, scale_ptr + slot * scale_slot + rows,
             v.to(tl.float32), ok, row_ok, QUANTIZED,
@@ -77,7 +77,7 @@ def launch(
         group_size, groups, eps, norm_programs,
         s.values, s.ssm_state, s.ssm_scale if quantized else s.ssm_state, s.slots,
         s.slots.stride(0), s.ssm_state.stride(0), s.ssm_scale.stride(0) if quantized else 0,
-        state_rows, tiles, d_state,
+        s.values.stride(0), state_rows, tiles, d_state,
         QUANTIZED=quantized, NORM_BLOCK=triton.next_power_of_2(group_size), BLOCK_M=block_m,
         BLOCK_N=block_n, num_warps=_WARPS,
     )  # fmt: skip
