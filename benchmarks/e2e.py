@@ -61,7 +61,10 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
         write_tiny_checkpoint,
     )
 
-    work = Path(tempfile.mkdtemp()) / model
+    # one directory per model, not a new one per engine: vLLM's torch.compile cache is keyed
+    # by the model's path among others, so later engines of a job (rounds, the other state
+    # dtypes) load the compiled graphs instead of compiling again
+    work = Path(tempfile.gettempdir()) / "vllm-nemotron-h-e2e" / model
     args = dict(max_model_len=PROMPT_LEN + max_new + 16, max_num_seqs=max(batches))
     if model in REAL_SHAPES:
         args.update(model=str(write_real_shape_config(work, model)), load_format="dummy")

