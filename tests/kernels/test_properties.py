@@ -500,7 +500,7 @@ CONFIG_BROKEN = {
     "conv": dict(conv_kernel=5),
     "heads": dict(mamba_num_heads=6, tensor_parallel_size=4),
     "cache_mode": dict(mamba_cache_mode="all"),
-    "spec_tokens": dict(num_speculative_tokens=2, speculative_method="mtp"),
+    "spec_tokens": dict(num_speculative_tokens=2, speculative_method="eagle3"),
     "activation": dict(mamba_hidden_act="gelu"),
 }
 SUPPORTED_CONFIGS = st.fixed_dictionaries(

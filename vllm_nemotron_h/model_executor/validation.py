@@ -17,6 +17,7 @@ from vllm_nemotron_h.vllm_boundary.config import (
     speculative_method,
     speculative_tokens,
 )
+from vllm_nemotron_h.vllm_boundary.layers import on_cpu
 
 LAYER_TYPES = {"M": "Mamba2", "*": "attention", "-": "MLP", "E": "MoE"}
 
@@ -35,10 +36,12 @@ DEFERRED_STATE_WRITES = {
     },
 }
 OPTIONS = {"ssm_state": SSM_STATE_FORMATS, "deferred_state_writes": DEFERRED_STATE_WRITES}
-# Speculative methods whose drafts come from the tokens alone: the plugin's model verifies
-# them (ops/mamba2_speculative_decode); drafters that read the target model's hidden states
-# or layers run with vLLM's model.
+# Speculative methods the plugin's model verifies (ops/mamba2_speculative_decode): drafts
+# from the tokens alone, and on CPU drafts of the checkpoint's MTP layers (vLLM's
+# nemotron_h_mtp reads the target's hidden states, which the plugin's model returns as
+# vLLM's does). MTP on a GPU, draft models and EAGLE heads run with vLLM's model.
 SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "suffix")
+SPECULATIVE_METHODS_ON_CPU = (*SPECULATIVE_METHODS, "mtp")
 
 
 class UnsupportedConfigError(ValueError):
@@ -163,10 +166,12 @@ def _plugin_cannot_run(vllm_config: VllmConfig) -> str | None:
             "and 'align'"
         )
     method = speculative_method(vllm_config)
-    if speculative_tokens(vllm_config) and method not in SPECULATIVE_METHODS:
+    verified = SPECULATIVE_METHODS_ON_CPU if on_cpu() else SPECULATIVE_METHODS
+    if speculative_tokens(vllm_config) and method not in verified:
+        where = "on CPU" if on_cpu() else "on a GPU"
         return (
-            f"speculative_config.method={method!r}, the plugin verifies drafts of "
-            f"{', '.join(map(repr, SPECULATIVE_METHODS))}"
+            f"speculative_config.method={method!r}, the plugin verifies drafts {where} of "
+            f"{', '.join(map(repr, verified))}"
         )
     if replayssm_enabled(vllm_config):
         return "use_replayssm=True, the plugin writes the state every step"

@@ -56,6 +56,13 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         preset(("MEM*EM", 256, 8, 64, 128, 8, 4, 2, 64, 512), (8, 2, 128, 256, 2.5)),
         moe_latent_size=64,
     ),
+    # "dense" with one MTP layer (vLLM's nemotron_h_mtp drafts with it): an attention layer,
+    # since vLLM's CPU MoE cannot run the published "*E" pattern's relu2 experts
+    "dense-mtp": dict(
+        preset(("M*M-M-", 256, 8, 32, 64, 2, 4, 2, 64, 512)),
+        num_nextn_predict_layers=1,
+        mtp_hybrid_override_pattern="*",
+    ),
 }
 
 # Public configs (as collected in shared/environment.md) for real-shape runs.
@@ -197,7 +204,8 @@ def write_tiny_checkpoint(
     """Writes a random-weight checkpoint with tokenizer to ``path`` (once) and returns it.
 
     Weights are drawn large enough (std 0.5 / sqrt(fan_in) for projections, larger
-    embeddings) that greedy decoding changes its argmax from position to position.
+    embeddings) that greedy decoding changes its argmax from position to position. A preset
+    with MTP layers also gets their weights (``_mtp_layer_weights``).
     """
     import torch
     from transformers import NemotronHForCausalLM
@@ -232,13 +240,58 @@ def write_tiny_checkpoint(
         for name, buf in model.named_buffers():
             if name.endswith("gate.e_score_correction_bias"):
                 buf.normal_(0.0, 0.1)
+        if config.num_nextn_predict_layers:  # the MTP layer drafts through this LM head
+            model.lm_head.weight.copy_(model.get_input_embeddings().weight)
     model.generation_config.eos_token_id = None
     model.to(getattr(torch, dtype)).save_pretrained(str(path))
+    if config.num_nextn_predict_layers:
+        _add_tensors(path / "model.safetensors", _mtp_layer_weights(config, getattr(torch, dtype)))
     cfg = json.loads((path / "config.json").read_text())
     cfg["architectures"] = ["NemotronHForCausalLM"]
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     _train_tokenizer(path)
     return path
+
+
+def _mtp_layer_weights(config, dtype) -> dict[str, Any]:
+    """Weights of one attention MTP layer (the names vLLM's nemotron_h_mtp loads) that
+    mostly drafts the token it is given: its fusion passes the token's embedding on (plus a
+    little of the target's hidden state), its attention adds a little, and the checkpoint's
+    LM head holds the embedding matrix, whose row of a token scores that token highest. So
+    drafts are accepted where the model repeats a token, which these random models do, and
+    rejected elsewhere."""
+    import torch
+
+    if config.mtp_hybrid_override_pattern != "*":
+        raise ValueError(
+            f"mtp_hybrid_override_pattern must be '*' here (one attention layer), got "
+            f"{config.mtp_hybrid_override_pattern!r}"
+        )
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    kv_heads, head_dim = config.num_key_value_heads, config.head_dim
+
+    def small(rows: int, cols: int) -> torch.Tensor:
+        return torch.randn(rows, cols) * 0.1 / cols**0.5
+
+    layer = "mtp.layers.0."
+    weights = {
+        "enorm.weight": torch.ones(hidden),
+        "hnorm.weight": torch.ones(hidden),
+        "eh_proj.weight": torch.cat([torch.eye(hidden), small(hidden, hidden)], dim=1),
+        "norm.weight": torch.ones(hidden),
+        "mixer.q_proj.weight": torch.randn(heads * head_dim, hidden) / hidden**0.5,
+        "mixer.k_proj.weight": torch.randn(kv_heads * head_dim, hidden) / hidden**0.5,
+        "mixer.v_proj.weight": torch.randn(kv_heads * head_dim, hidden) / hidden**0.5,
+        "mixer.o_proj.weight": small(hidden, heads * head_dim),
+        "final_layernorm.weight": torch.ones(hidden),
+    }
+    return {layer + name: w.to(dtype) for name, w in weights.items()}
+
+
+def _add_tensors(file: Path, tensors: dict[str, Any]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    save_file({**load_file(str(file)), **tensors}, str(file), metadata={"format": "pt"})
 
 
 def write_real_shape_config(path: str | Path, model: str, dtype: str = "bfloat16") -> Path:
