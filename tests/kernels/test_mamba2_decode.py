@@ -11,7 +11,10 @@ from helpers import (
     tolerance,
 )
 
-from vllm_nemotron_h.model_executor.decode_plan import NativeDecodeParams, mamba2_decode_native
+from vllm_nemotron_h.model_executor.native_cpu_decode import (
+    NativeDecodeParams,
+    mamba2_decode_native,
+)
 from vllm_nemotron_h.ops import DecodeWorkspace, flush_deferred_state, mamba2_decode
 from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, ring_dtypes, ring_shapes
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu

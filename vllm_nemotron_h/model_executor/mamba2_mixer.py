@@ -107,7 +107,7 @@ class PluginMambaMixer2(MambaMixer2):
         if n_dec > 0 and md.query_start_d is not None:  # speculative decoding
             plan.decode_speculative(
                 xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], md.state_slots_d,
-                md.query_start_d, md.num_accepted_d, md.state_slots_d_int32,
+                md.query_start_d, md.num_accepted_d, md.state_slots_d_int32, md.live_rows_d,
             )  # fmt: skip
         elif n_dec > 0:
             slots = md.state_slots_d[:n_dec]

