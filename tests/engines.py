@@ -56,14 +56,20 @@ def engine_env(**extra: str) -> dict[str, str]:
 
 
 def _run(spec: dict, timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(RUNNER), json.dumps(spec)],
-        env=engine_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    try:
+        return subprocess.run(
+            [sys.executable, str(RUNNER), json.dumps(spec)],
+            env=engine_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired as e:
+        # the engine's log so far says where it stopped (a hang, or a slow start)
+        log = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        tail = (log or "")[-6000:]
+        raise RuntimeError(f"engine still running after {timeout:.0f} s:\n{tail}") from None
 
 
 def run_engine(spec: dict, timeout: float = 900, **env: str) -> dict:
