@@ -19,6 +19,9 @@ layer's plan (decode_plan.py: checked once, then launches only):
                   rings into their states before reading them and empties them after
     When the norm's one group spans tensor-parallel ranks, the decode tail leaves the norm
     out and all rows are normalised here with an all-reduced sum of squares.
+On CPU the op leaves every row gated but not normalised, and ``forward`` normalises them
+after it, in the graph torch.compile fuses (where vLLM's model normalises): inside the op
+the norm ran as a handful of eager PyTorch ops per layer and step.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from vllm_nemotron_h.model_executor.ssm_state_cache import scan_state_dtype
 from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, StateSlotsMetadata
 from vllm_nemotron_h.model_executor.validation import state_layout
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
+from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
 from vllm_nemotron_h.vllm_boundary.config import current_vllm_config
 from vllm_nemotron_h.vllm_boundary.layers import (
     MambaMixer2,
@@ -38,6 +42,7 @@ from vllm_nemotron_h.vllm_boundary.layers import (
     fp32_head_parameter,
     mixer_op,
     mixer_states,
+    on_cpu,
     step_metadata,
     warm_up_prefill_kernels,
 )
@@ -60,6 +65,7 @@ class PluginMambaMixer2(MambaMixer2):
         self.group_size = self.intermediate_size // kwargs["n_groups"]
         # n_groups == 1 under TP: the one group spans ranks, its sum of squares is all-reduced.
         self.norm_spans_ranks = self.tp_size > 1 and kwargs["n_groups"] == 1
+        self.norm_in_forward = on_cpu()
         self.state_layout = state_layout(current_vllm_config())
         self.plan: LayerPlan | None = None
 
@@ -82,6 +88,8 @@ class PluginMambaMixer2(MambaMixer2):
             device=hidden_states.device,
         )
         mixer_op(projected_states, ssm_output, self.prefix)  # calls self.conv_ssm_forward
+        if self.norm_in_forward:
+            ssm_output = self._group_norm(ssm_output)
         output, _ = self.out_proj(ssm_output)
         return output
 
@@ -113,10 +121,14 @@ class PluginMambaMixer2(MambaMixer2):
             slots = md.state_slots_d[:n_dec]
             slots_int32 = None if md.state_slots_d_int32 is None else md.state_slots_d_int32[:n_dec]
             plan.decode(xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], slots, slots_int32)
-        if self.norm_spans_ranks and n_dec > 0:
-            self._norm_across_ranks(output[:n_dec])  # gated in the decode tail already
-        if md.num_prefills > 0 and self.norm_spans_ranks:
-            self._norm_across_ranks(output[n_dec:n_all], gate[n_dec:])
+        prefill_out = output[n_dec:n_all]
+        if self.norm_in_forward and md.num_prefills > 0:  # the decode rows come gated
+            prefill_out.copy_(prefill_out.float() * torch.nn.functional.silu(gate[n_dec:].float()))
+        elif self.norm_spans_ranks:
+            if n_dec > 0:
+                output[:n_dec].copy_(self._group_norm(output[:n_dec]))  # gated in the tail
+            if md.num_prefills > 0:
+                prefill_out.copy_(self._group_norm(prefill_out, gate[n_dec:]))
 
     def _plan(self, md: StateSlotsMetadata, xbc, dt, gate, out) -> LayerPlan:
         """The layer's plan for its bound state cache, made at its first step."""
@@ -126,7 +138,7 @@ class PluginMambaMixer2(MambaMixer2):
             norm = GroupNorm(self.norm.weight, self.group_size, self.norm.variance_epsilon)
             weights = LayerWeights(
                 self.conv_weights, self.conv1d.bias, self.A, self.D, self.dt_bias, norm,
-                decode_norm=not self.norm_spans_ranks,
+                decode_norm=not (self.norm_spans_ranks or self.norm_in_forward),
             )  # fmt: skip
             self.plan = LayerPlan(
                 md.decode_plan, weights, self.kv_cache, conv_state, ssm_state, ssm_scale,
@@ -164,20 +176,22 @@ class PluginMambaMixer2(MambaMixer2):
             md, scan, x, B, C, dt, out, initial_states, xbc, conv_state, ssm_state,
             plan.scan_state_dtype, plan.scatter_final_states,
         )  # fmt: skip
-        if self.norm_spans_ranks:  # normalised with an all-reduce after the decode rows
+        if self.norm_spans_ranks or self.norm_in_forward:  # normalised later (module doc)
             plan.scatter_final_states(md.state_indices_tensor_p, final_states)
         else:
             plan.prefill_tail(out, gate, md.state_indices_tensor_p, final_states)
         if md.ring_slots_p is not None:
             plan.empty_rings(md.ring_slots_p)
 
-    def _norm_across_ranks(self, y: torch.Tensor, gate: torch.Tensor | None = None) -> None:
-        """Group RMSNorm in place when the one group spans ranks: the sum of squares is
-        all-reduced; gated by silu(``gate``) first when given."""
+    def _group_norm(self, y: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows' group RMSNorm (gated by silu(``gate``) first when given), in y's dtype;
+        when the one group spans ranks, with the sum of squares all-reduced."""
         eps = self.norm.variance_epsilon
+        if not self.norm_spans_ranks:
+            return group_rms_norm_cpu(y, GroupNorm(self.norm.weight, self.group_size, eps), gate)
         yf = y.float()
         if gate is not None:
             yf = yf * torch.nn.functional.silu(gate.float())
         sum_sq = all_reduce(yf.pow(2).sum(-1, keepdim=True))
         rstd = torch.rsqrt(sum_sq / (y.shape[-1] * self.tp_size) + eps)
-        y.copy_(yf * rstd * self.norm.weight.float())
+        return (yf * rstd * self.norm.weight.float()).to(y.dtype)
