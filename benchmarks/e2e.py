@@ -3,7 +3,9 @@
 Each (model, SSM state dtype, implementation) runs in its own process: random bf16 weights at
 the real shapes (load_format="dummy"), torch.compile + CUDA graphs, prompt 128 tokens,
 256 new tokens (ignore_eos). The decode rate is batch * 256 / (t(257 tokens) - t(1 token)),
-the median of --repeats runs (their min and max are kept as *_tok_s_range); time to first
+the median of --repeats runs (their min and max are kept as *_tok_s_range, each run's decode
+seconds as *_decode_s_runs, and the Triton kernels compiled during them as
+*_triton_compiles_timed: a compile there lands in one run's time); time to first
 token is t(1 token) (best of two, median over the repeats). Engine processes differ from one
 another by more than the repeats inside one (a lone prompt's time to first token by up to
 1.5x between jobs): --rounds N starts each implementation's engine N times, alternating
@@ -139,6 +141,20 @@ def draft_counts(llm) -> tuple[int, int]:
     )
 
 
+def triton_cache_entries() -> int:
+    """Kernels in Triton's on-disk caches (its default, $TRITON_CACHE_DIR, and the per-model
+    ones vLLM's compile cache points Triton at): grows when a process compiles a kernel
+    variant. A compile inside a timed run (a new specialisation, e.g. of a pointer's
+    alignment) costs that run up to a second."""
+    roots = [Path.home() / ".triton" / "cache"]
+    if os.environ.get("TRITON_CACHE_DIR"):
+        roots.append(Path(os.environ["TRITON_CACHE_DIR"]))
+    vllm_cache = Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm"))
+    for parent, dirs, _ in os.walk(vllm_cache / "torch_compile_cache"):
+        roots += [Path(parent) / d for d in dirs if d == "triton_cache"]
+    return sum(len(os.listdir(r)) for r in set(roots) if r.is_dir())
+
+
 def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine: dict) -> dict:
     import statistics
 
@@ -171,9 +187,12 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
         speculative = speculation_of(state_dtype)[1] is not None
         drafts_before = draft_counts(llm) if speculative else None
         runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
+        compiles = 0
         for _ in range(repeats):
+            before = triton_cache_entries()
             t1 = min(timed(1) for _ in range(2))
             runs.append((t1, timed(NEW_TOKENS + 1) - t1))
+            compiles += triton_cache_entries() - before
         tok_s = [b * NEW_TOKENS / d for _, d in runs]
         decode_s = statistics.median(d for _, d in runs)
         out["batches"][b] = dict(
@@ -182,6 +201,8 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             tok_s_max=max(tok_s),
             tpot_ms=1e3 * decode_s / NEW_TOKENS,
             ttft_ms=1e3 * statistics.median(t for t, _ in runs),
+            decode_s_runs=[round(d, 4) for _, d in runs],
+            triton_compiles=compiles,
         )
         if speculative:
             proposed, accepted = (a - b for a, b in zip(draft_counts(llm), drafts_before))
@@ -208,6 +229,8 @@ def combine_rounds(rounds: list[dict]) -> dict:
             tpot_ms=1e3 / (tok_s / int(b)),
             ttft_ms=statistics.median(m["ttft_ms"] for m in ms),
             ttft_ms_rounds=[m["ttft_ms"] for m in ms],
+            decode_s_runs=[d for m in ms for d in m["decode_s_runs"]],
+            triton_compiles=sum(m["triton_compiles"] for m in ms),
         )
         if "acceptance" in ms[0]:
             out["batches"][b]["acceptance"] = statistics.mean(m["acceptance"] for m in ms)
@@ -308,6 +331,8 @@ def main() -> None:
                             f"{impl}_ttft_ms": round(m["ttft_ms"], 1),
                             f"{impl}_class": r["model_class"],
                             f"{impl}_engine_start_s": r["engine_start_s"],
+                            f"{impl}_decode_s_runs": m["decode_s_runs"],
+                            f"{impl}_triton_compiles_timed": m["triton_compiles"],
                         }
                     )
                     if "acceptance" in m:
