@@ -24,9 +24,14 @@ from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
 from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 from vllm_nemotron_h.vllm_boundary.layers import is_conv_state_dim_first
 
-# (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU.
+# (nheads, head_dim, d_state, ngroups): small shapes for the interpreter, real ones on a GPU
+# and the dense-g1 preset's (one group) at TP=1 and on a TP=2 rank, as the GPU engine tests
+# run it.
 CPU_SHAPES = [(4, 80, 16, 2), (4, 32, 32, 1), (8, 32, 16, 4)]
-GPU_SHAPES = [(128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 256, 1)]
+GPU_SHAPES = [
+    (128, 64, 128, 8), (128, 80, 128, 8), (64, 64, 128, 8), (8, 128, 256, 1), (8, 32, 32, 1),
+    (4, 32, 32, 1),
+]  # fmt: skip
 
 
 def make_inputs(device, batch, shape, state_dtype, act, width=4, bias=True, dim_first=True):

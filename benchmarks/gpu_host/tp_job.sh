@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# On a host of two GPUs, after setup.sh (with the Ray part): the tensor-parallel tests one case
+# at a time, then e2e.py's TP=2 rows, each step's log in LOG_DIR/<step>.log and a line per
+# finished step in LOG_DIR/progress. Start it with `setsid nohup ... &` so that it outlives the
+# call; later calls (back to back: the host goes back after ~30 s idle) read LOG_DIR, e.g.
+#   while ! grep -q '^end' LOG_DIR/progress; do sleep 10; done  (bounded by the call's limit)
+# Usage: bash benchmarks/gpu_host/tp_job.sh LOG_DIR [STEP ...]
+#   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), e2e-8b, e2e-9b,
+#   e2e-30b; default all, in that order.
+set -u
+out=${1:?usage: tp_job.sh LOG_DIR [STEP ...]}
+shift
+[ $# -gt 0 ] || set -- tests e2e-8b e2e-9b e2e-30b
+mkdir -p "$out"
+. /root/vllm-env.sh
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+results=benchmarks/results/e2e-tp2-$(python3 -c "import torch; print('h100' if 'H100' in torch.cuda.get_device_name() else 'h200')").json
+step() {
+  local name=$1; shift
+  local t0; t0=$(date +%s)
+  "$@" > "$out/$name.log" 2>&1
+  echo "$name rc=$? $(( $(date +%s) - t0 ))s" >> "$out/progress"
+}
+e2e() {
+  python3 benchmarks/e2e.py --tensor-parallel-size 2 --repeats 3 --output "$results" "$@"
+}
+echo "start $(date)" > "$out/progress"
+for s in "$@"; do
+  case $s in
+    tests)
+      # the one-group case first: it has not finished on a GPU yet (each engine times out
+      # with its log after the test's ENGINE_TIMEOUT_S)
+      for c in dense-g1-fp32 dense-h80-fp32 dense-h80-int8 dense-g1-deferred4 serve; do
+        step "tp-$c" python3 -m pytest -m gpu tests/gpu/test_tensor_parallel_gpu.py -k "$c" \
+          -s -p no:cacheprovider
+      done ;;
+    e2e-8b) step e2e-8b e2e --models nemotron-h-8b --state-dtypes float32 --batches 1,64,128 ;;
+    e2e-9b) step e2e-9b e2e --models nano-9b-v2 --state-dtypes bfloat16 --batches 1,64,128 ;;
+    e2e-30b) step e2e-30b e2e --models nano-v3-30b --state-dtypes float32 --batches 128 ;;
+    *) echo "unknown step $s" >> "$out/progress" ;;
+  esac
+done
+echo "end $(date)" >> "$out/progress"
