@@ -4,8 +4,8 @@ Each (model, SSM state dtype, implementation) runs in its own process: random bf
 the real shapes (load_format="dummy"), torch.compile + CUDA graphs, prompt 128 tokens,
 256 new tokens (ignore_eos). The decode rate is batch * 256 / (t(257 tokens) - t(1 token)),
 the median of --repeats runs (their min and max are kept as *_tok_s_range, each run's decode
-seconds as *_decode_s_runs, and the Triton kernels compiled during them as
-*_triton_compiles_timed: a compile there lands in one run's time); time to first
+seconds as *_decode_s_runs, and the Triton kernels each compiled as
+*_triton_compiles_timed: a compile there lands in that run's time); time to first
 token is t(1 token) (best of two, median over the repeats). Engine processes differ from one
 another by more than the repeats inside one (a lone prompt's time to first token by up to
 1.5x between jobs): --rounds N starts each implementation's engine N times, alternating
@@ -187,12 +187,12 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
         speculative = speculation_of(state_dtype)[1] is not None
         drafts_before = draft_counts(llm) if speculative else None
         runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
-        compiles = 0
+        compiles = []  # per repeat: which runs a compile slowed
         for _ in range(repeats):
             before = triton_cache_entries()
             t1 = min(timed(1) for _ in range(2))
             runs.append((t1, timed(NEW_TOKENS + 1) - t1))
-            compiles += triton_cache_entries() - before
+            compiles.append(triton_cache_entries() - before)
         tok_s = [b * NEW_TOKENS / d for _, d in runs]
         decode_s = statistics.median(d for _, d in runs)
         out["batches"][b] = dict(
@@ -230,7 +230,7 @@ def combine_rounds(rounds: list[dict]) -> dict:
             ttft_ms=statistics.median(m["ttft_ms"] for m in ms),
             ttft_ms_rounds=[m["ttft_ms"] for m in ms],
             decode_s_runs=[d for m in ms for d in m["decode_s_runs"]],
-            triton_compiles=sum(m["triton_compiles"] for m in ms),
+            triton_compiles=[c for m in ms for c in m["triton_compiles"]],
         )
         if "acceptance" in ms[0]:
             out["batches"][b]["acceptance"] = statistics.mean(m["acceptance"] for m in ms)

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 RUNNER = Path(__file__).with_name("engine_runner.py")
@@ -55,9 +56,19 @@ def engine_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def keep_log(spec: dict, log: str) -> None:
+    """With $ENGINE_LOG_DIR set (GPU jobs), writes an engine's whole log there, passed or not:
+    vLLM's timestamped lines say where a slow start spent its time."""
+    if os.environ.get("ENGINE_LOG_DIR"):
+        logs = Path(os.environ["ENGINE_LOG_DIR"])
+        logs.mkdir(parents=True, exist_ok=True)
+        path = logs / f"engine-{time.strftime('%H%M%S')}-{os.getpid()}-{random.randrange(1000)}.log"
+        path.write_text(json.dumps(spec) + "\n" + log)
+
+
 def _run(spec: dict, timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(
+        proc = subprocess.run(
             [sys.executable, str(RUNNER), json.dumps(spec)],
             env=engine_env(**env),
             capture_output=True,
@@ -68,8 +79,11 @@ def _run(spec: dict, timeout: float, env: dict[str, str]) -> subprocess.Complete
     except subprocess.TimeoutExpired as e:
         # the engine's log so far says where it stopped (a hang, or a slow start)
         log = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        keep_log(spec, log or "")
         tail = (log or "")[-6000:]
         raise RuntimeError(f"engine still running after {timeout:.0f} s:\n{tail}") from None
+    keep_log(spec, proc.stderr)
+    return proc
 
 
 def run_engine(spec: dict, timeout: float = 900, **env: str) -> dict:

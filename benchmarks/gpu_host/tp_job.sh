@@ -5,15 +5,17 @@
 # call; later calls (back to back: the host goes back after ~30 s idle) read LOG_DIR, e.g.
 #   while ! grep -q '^end' LOG_DIR/progress; do sleep 10; done  (bounded by the call's limit)
 # Usage: bash benchmarks/gpu_host/tp_job.sh LOG_DIR [STEP ...]
-#   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), e2e-8b, e2e-9b,
-#   e2e-30b; default all, in that order.
+#   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
+#   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
+#   e2e-9b, e2e-30b; default tests e2e-8b e2e-9b e2e-30b. Every engine's log of the tests
+#   goes to LOG_DIR/engines.
 set -u
 out=${1:?usage: tp_job.sh LOG_DIR [STEP ...]}
 shift
 [ $# -gt 0 ] || set -- tests e2e-8b e2e-9b e2e-30b
 mkdir -p "$out"
 . /root/vllm-env.sh
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} ENGINE_LOG_DIR=$out/engines
 results=benchmarks/results/e2e-tp2-$(python3 -c "import torch; print('h100' if 'H100' in torch.cuda.get_device_name() else 'h200')").json
 step() {
   local name=$1; shift
@@ -22,7 +24,11 @@ step() {
   echo "$name rc=$? $(( $(date +%s) - t0 ))s" >> "$out/progress"
 }
 e2e() {
-  python3 benchmarks/e2e.py --tensor-parallel-size 2 --repeats 3 --output "$results" "$@"
+  python3 benchmarks/e2e.py --tensor-parallel-size 2 --repeats 5 --output "$results" "$@"
+}
+tp_case() {
+  step "tp-$1" python3 -m pytest -m gpu tests/gpu/test_tensor_parallel_gpu.py -k "$1" -s \
+    -p no:cacheprovider
 }
 echo "start $(date)" > "$out/progress"
 for s in "$@"; do
@@ -31,9 +37,9 @@ for s in "$@"; do
       # the one-group case first: it has not finished on a GPU yet (each engine times out
       # with its log after the test's ENGINE_TIMEOUT_S)
       for c in dense-g1-fp32 dense-h80-fp32 dense-h80-int8 dense-g1-deferred4 serve; do
-        step "tp-$c" python3 -m pytest -m gpu tests/gpu/test_tensor_parallel_gpu.py -k "$c" \
-          -s -p no:cacheprovider
+        tp_case "$c"
       done ;;
+    tp-*) tp_case "${s#tp-}" ;;
     e2e-8b) step e2e-8b e2e --models nemotron-h-8b --state-dtypes float32 --batches 1,64,128 ;;
     e2e-9b) step e2e-9b e2e --models nano-9b-v2 --state-dtypes bfloat16 --batches 1,64,128 ;;
     e2e-30b) step e2e-30b e2e --models nano-v3-30b --state-dtypes float32 --batches 128 ;;
