@@ -57,8 +57,8 @@ def engine_env(**extra: str) -> dict[str, str]:
 
 
 def keep_log(spec: dict, log: str) -> None:
-    """With $ENGINE_LOG_DIR set (GPU jobs), writes an engine's whole log there, passed or not:
-    vLLM's timestamped lines say where a slow start spent its time."""
+    """With $ENGINE_LOG_DIR set (GPU jobs), writes an engine's whole output there, passed or
+    not: vLLM's timestamped lines say where a slow start spent its time."""
     if os.environ.get("ENGINE_LOG_DIR"):
         logs = Path(os.environ["ENGINE_LOG_DIR"])
         logs.mkdir(parents=True, exist_ok=True)
@@ -78,11 +78,14 @@ def _run(spec: dict, timeout: float, env: dict[str, str]) -> subprocess.Complete
         )
     except subprocess.TimeoutExpired as e:
         # the engine's log so far says where it stopped (a hang, or a slow start)
-        log = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-        keep_log(spec, log or "")
-        tail = (log or "")[-6000:]
+        log = "".join(
+            (s.decode(errors="replace") if isinstance(s, bytes) else s) or ""
+            for s in (e.stdout, e.stderr)
+        )
+        keep_log(spec, log)
+        tail = log[-6000:]
         raise RuntimeError(f"engine still running after {timeout:.0f} s:\n{tail}") from None
-    keep_log(spec, proc.stderr)
+    keep_log(spec, proc.stdout + proc.stderr)  # vLLM logs to stdout
     return proc
 
 
