@@ -2,10 +2,13 @@
 one prefill step and of one decode step, vLLM's built-in Nemotron-H against the plugin, each
 in its own process of one job.
 
-Method: the engine runs inside the profiling process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
-After a warm-up the profiler records generate(max_tokens=1) (the prefill step and its first
+Method: a torch profiler runs in every worker, started and stopped through vLLM's
+collective_rpc (at TP=1 the worker and the engine are this process: the "uni" executor and
+VLLM_ENABLE_V1_MULTIPROCESSING=0; with --tensor-parallel-size N each rank profiles itself).
+After a warm-up the profilers record generate(max_tokens=1) (the prefill step and its first
 token) and generate(max_tokens=1 + N); a kernel's time per decode step is (its time in the
-long run - its time in the short run) / N. Wall times of the two runs give the step's wall
+long run - its time in the short run) / N. Rank 0's kernels make the tables; every rank's
+kernel total is kept (*_kernel_us_by_rank). Wall times of the two runs give the step's wall
 time the same way; wall minus kernel time is what the GPU waited for the host. Kernels are
 summed into categories by name (CATEGORIES). The prefill step is also timed without the
 profiler: generate(max_tokens=1) PREFILL_RUNS times (median and minimum), the time to first
@@ -17,8 +20,9 @@ run several times slower (8B at B=1: ~4 min per implementation).
     python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype float32 --batch 1
     python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype bfloat16 --host
     python benchmarks/step_profile.py --model dense --batch 4     # a tiny preset, on CPU too
+    python benchmarks/step_profile.py --model nemotron-h-8b --batch 128 --tensor-parallel-size 2
 
-Writes benchmarks/results/step-profile-<model>-<state dtype>-b<batch>-<device>.json.
+Writes benchmarks/results/step-profile-<model>-<state dtype>-b<batch>[-tp<N>]-<device>.json.
 """
 
 from __future__ import annotations
@@ -102,20 +106,43 @@ def summary(per_name: dict[str, float], wall_us: float, top: int = 25) -> dict:
     )
 
 
-def child(model: str, state_dtype: str, batch: int, decode_steps: int, host: bool) -> dict:
+def start_profiler(worker, host: bool) -> None:
+    """In each worker (vLLM's collective_rpc): starts a profiler of the kernels (CPU: the
+    ops), and with ``host`` of the CPU ops too."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    if host or not torch.cuda.is_available():
+        activities.append(ProfilerActivity.CPU)
+    worker.nemotron_h_profiler = profile(activities=activities)
+    worker.nemotron_h_profiler.start()
+
+
+def stop_profiler(worker) -> tuple[dict[str, float], dict[str, tuple[int, float]]]:
+    """In each worker: stops its profiler; (us per kernel or op, host time per op)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    prof = worker.nemotron_h_profiler
+    prof.stop()
+    return times_by_name(prof, cuda), host_times(prof)
+
+
+def child(model: str, state_dtype: str, batch: int, decode_steps: int, host: bool, tp: int) -> dict:
     import statistics
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
     from vllm_nemotron_h.testing import model_class_name
 
     cuda = torch.cuda.is_available()
-    # distributed_executor_backend "uni": the model runs in this process, under the profiler
-    llm = build_llm(
-        model, state_dtype, [batch], decode_steps + 1, distributed_executor_backend="uni"
-    )
+    # TP=1, the "uni" executor: the model runs in this process; else one process per rank
+    engine = dict(tensor_parallel_size=tp, distributed_executor_backend="uni" if tp == 1 else "mp")
+    llm = build_llm(model, state_dtype, [batch], decode_steps + 1, **engine)
     prompts = random_prompts(llm, batch, torch.Generator().manual_seed(0))
 
     def generate(n: int) -> None:
@@ -130,21 +157,21 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int, host: boo
         start = time.perf_counter()
         generate(1)
         prefill_walls.append(1e6 * (time.perf_counter() - start))
-    runs = {}
     host = host or not cuda
-    activities = [ProfilerActivity.CUDA] if cuda else []
-    if host:
-        activities.append(ProfilerActivity.CPU)
+    ranks = {}  # decode steps -> per rank (times, host times)
+    walls = {}
     for n in (1, decode_steps + 1):
-        with profile(activities=activities) as prof:
-            start = time.perf_counter()
-            generate(n)
-            wall = time.perf_counter() - start
-        runs[n] = (times_by_name(prof, cuda), 1e6 * wall, host_times(prof))
-    (short, short_wall, short_host), (long, long_wall, long_host) = (
-        runs[1],
-        runs[decode_steps + 1],
-    )
+        llm.collective_rpc(start_profiler, args=(host,))
+        start = time.perf_counter()
+        generate(n)
+        walls[n] = 1e6 * (time.perf_counter() - start)
+        ranks[n] = llm.collective_rpc(stop_profiler)
+    decode_kernel_us_by_rank = [
+        (sum(long.values()) - sum(short.values())) / decode_steps
+        for (short, _), (long, _) in zip(ranks[1], ranks[decode_steps + 1])
+    ]
+    (short, short_host), (long, long_host) = ranks[1][0], ranks[decode_steps + 1][0]
+    short_wall, long_wall = walls[1], walls[decode_steps + 1]
     decode = {k: (long.get(k, 0.0) - short.get(k, 0.0)) / decode_steps for k in long}
     decode = {k: t for k, t in decode.items() if t > 0}
     decode_host = {
@@ -158,6 +185,7 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int, host: boo
         median=round(statistics.median(prefill_walls), 1), min=round(min(prefill_walls), 1)
     )
     decode_step = summary(decode, (long_wall - short_wall) / decode_steps)
+    decode_step["kernel_us_by_rank"] = [round(t, 1) for t in decode_kernel_us_by_rank]
     if host:
         prefill["host"] = host_summary(short_host)
         decode_step["host"] = host_summary(decode_host)
@@ -181,6 +209,11 @@ def print_table(res: dict[str, dict]) -> None:
             )
         for key in ("kernel_us", "wall_us"):
             print(f"  {key:32}" + "".join(f"{res[i][step][key]:14.1f}" for i in impls))
+    print("\ndecode step kernel us by rank")
+    for i in impls:
+        print(
+            f"  {i:32}" + "".join(f"{t:14.1f}" for t in res[i]["decode_step"]["kernel_us_by_rank"])
+        )
     print("\nprefill step without the profiler, median (min) us")
     for i in impls:
         walls = res[i]["prefill_step"]["unprofiled_wall_us"]
@@ -204,6 +237,7 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--impls", default="builtin,plugin")
     ap.add_argument("--host", action="store_true", help="also the host's time by op (slower)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
     args = ap.parse_args()
     spec = dict(
         model=args.model,
@@ -211,14 +245,17 @@ def main() -> None:
         batch=args.batch,
         decode_steps=args.decode_steps,
         host=args.host,
+        tp=args.tensor_parallel_size,
     )
+    tp_tag = f"-tp{args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
     res: dict[str, dict] = {}
     for impl in args.impls.split(","):
         # the engine in the child's own process: the profiler sees only that process
         res[impl] = run_impl(__file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0")
         device = res[impl]["device"]
         tag = device_tag(device)
-        path = RESULTS / f"step-profile-{args.model}-{args.state_dtype}-b{args.batch}-{tag}.json"
+        name = f"step-profile-{args.model}-{args.state_dtype}-b{args.batch}{tp_tag}-{tag}.json"
+        path = RESULTS / name
         meta = dict(
             vars(args), prompt_len=PROMPT_LEN, date=time.strftime("%Y-%m-%d"), device=device
         )
