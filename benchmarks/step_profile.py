@@ -32,6 +32,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 # benchmarks/ is this script's directory
 from e2e import PROMPT_LEN, RESULTS, build_llm, device_tag, random_prompts, run_impl
@@ -238,6 +239,7 @@ def main() -> None:
     ap.add_argument("--impls", default="builtin,plugin")
     ap.add_argument("--host", action="store_true", help="also the host's time by op (slower)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--output", help="the JSON's path (default: under benchmarks/results/)")
     args = ap.parse_args()
     spec = dict(
         model=args.model,
@@ -255,11 +257,11 @@ def main() -> None:
         device = res[impl]["device"]
         tag = device_tag(device)
         name = f"step-profile-{args.model}-{args.state_dtype}-b{args.batch}{tp_tag}-{tag}.json"
-        path = RESULTS / name
+        path = Path(args.output) if args.output else RESULTS / name
         meta = dict(
             vars(args), prompt_len=PROMPT_LEN, date=time.strftime("%Y-%m-%d"), device=device
         )
-        RESULTS.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         # written after each implementation: a time limit that cuts the second keeps the first
         path.write_text(json.dumps(dict(meta=meta, **res), indent=1))
         print(f"wrote {path} ({', '.join(res)})", flush=True)
