@@ -108,13 +108,13 @@ def summary(per_name: dict[str, float], wall_us: float, top: int = 25) -> dict:
 
 
 def start_profiler(worker, host: bool) -> None:
-    """In each worker (vLLM's collective_rpc): starts a profiler of the kernels (CPU: the
-    ops), and with ``host`` of the CPU ops too."""
+    """In each worker (vLLM's collective_rpc): starts a profiler of the GPU's kernels, and
+    with ``host`` (always on CPU) of the CPU ops."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
-    if host or not torch.cuda.is_available():
+    if host:
         activities.append(ProfilerActivity.CPU)
     worker.nemotron_h_profiler = profile(activities=activities)
     worker.nemotron_h_profiler.start()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a host of two GPUs, after setup.sh (with the Ray part): the tensor-parallel tests one case
 # at a time, then e2e.py's TP=2 rows and step profiles (their JSON in LOG_DIR), each step's log
-# in LOG_DIR/<step>.log and a line per finished step in LOG_DIR/progress. Start it with `setsid nohup ... &` so that it outlives the
-# call; later calls (back to back: the host goes back after ~30 s idle) read LOG_DIR, e.g.
+# in LOG_DIR/<step>.log and a line per finished step in LOG_DIR/progress. Start it with
+# `setsid nohup ... &` so that it outlives the call; later calls (back to back: the host goes
+# back after ~30 s idle) read LOG_DIR, e.g.
 #   while ! grep -q '^end' LOG_DIR/progress; do sleep 10; done  (bounded by the call's limit)
 # Usage: bash benchmarks/gpu_host/tp_job.sh LOG_DIR [STEP ...]
 #   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
@@ -19,7 +20,8 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} ENGINE_LOG_DIR=$out/engines
 # results go to LOG_DIR (ignored by git): a later `run` copies the working tree again, which
 # resets tracked files under benchmarks/results/ to this checkout's versions
-gpu=$(python3 -c "import torch; print('h100' if 'H100' in torch.cuda.get_device_name() else 'h200')")
+gpu=h200
+python3 -c "import torch; print(torch.cuda.get_device_name())" | grep -q H100 && gpu=h100
 results=$out/e2e-tp2-$gpu.json
 step() {
   local name=$1; shift
@@ -38,8 +40,8 @@ echo "start $(date)" > "$out/progress"
 for s in "$@"; do
   case $s in
     tests)
-      # the one-group case first: it has not finished on a GPU yet (each engine times out
-      # with its log after the test's ENGINE_TIMEOUT_S)
+      # the one-group case first: its path exists on GPUs for tensor parallel alone (each
+      # engine times out with its log after the test's ENGINE_TIMEOUT_S)
       for c in dense-g1-fp32 dense-h80-fp32 dense-h80-int8 dense-g1-deferred4 serve; do
         tp_case "$c"
       done ;;

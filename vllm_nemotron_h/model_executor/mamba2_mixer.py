@@ -129,9 +129,8 @@ class PluginMambaMixer2(MambaMixer2):
         if self.plan is None or self.plan.kv_cache is not self.kv_cache:
             conv_state, *states = mixer_states(self)
             ssm_state, ssm_scale, deferred = self.state_layout.split(tuple(states))
-            norm = GroupNorm(self.norm.weight, self.group_size, self.norm.variance_epsilon)
             weights = LayerWeights(
-                self.conv_weights, self.conv1d.bias, self.A, self.D, self.dt_bias, norm,
+                self.conv_weights, self.conv1d.bias, self.A, self.D, self.dt_bias, self._norm(),
                 decode_norm=not self.norm_in_forward,
             )  # fmt: skip
             self.plan = LayerPlan(
@@ -177,13 +176,16 @@ class PluginMambaMixer2(MambaMixer2):
         if md.ring_slots_p is not None:
             plan.empty_rings(md.ring_slots_p)
 
+    def _norm(self) -> GroupNorm:
+        """The gated group RMSNorm's parameters (this rank's channels of the weight)."""
+        return GroupNorm(self.norm.weight, self.group_size, self.norm.variance_epsilon)
+
     def _group_norm(self, y: torch.Tensor) -> torch.Tensor:
         """The gated rows' group RMSNorm, in y's dtype; when the one group spans ranks, with
         the sum of squares all-reduced."""
-        eps = self.norm.variance_epsilon
         if not self.norm_spans_ranks:
-            return group_rms_norm_cpu(y, GroupNorm(self.norm.weight, self.group_size, eps))
+            return group_rms_norm_cpu(y, self._norm())
         yf = y.float()
         sum_sq = all_reduce(yf.pow(2).sum(-1, keepdim=True))
-        rstd = torch.rsqrt(sum_sq / (y.shape[-1] * self.tp_size) + eps)
+        rstd = torch.rsqrt(sum_sq / (y.shape[-1] * self.tp_size) + self.norm.variance_epsilon)
         return (yf * rstd * self.norm.weight.float()).to(y.dtype)
