@@ -1,0 +1,58 @@
+"""The shipped per-device launch tables (ops/configs/*.json): each is found under its device's
+name and every row is one the kernels can launch, so a mistyped or half-merged table fails
+here, not on the user's GPU."""
+
+import json
+
+import pytest
+
+from vllm_nemotron_h.ops import launch_config
+
+TABLE_FILES = sorted(launch_config.CONFIGS_DIR.glob("*.json"))
+# Kernels whose tables are keyed by "head_dim,d_state,state bytes"; the conv update's table
+# is one list of rows.
+STATE_KERNELS = ("selective_state_update", "deferred_state_update", "mamba2_decode")
+WARPS = (1, 2, 4, 8)
+
+
+def is_power_of_two(n: object) -> bool:
+    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
+
+
+def check_rows(where: str, rows: list) -> None:
+    """[limit, tile, num_warps] rows: limits increasing, the last open (null), tiles powers of
+    two, warps a count Triton launches."""
+    assert rows, f"{where}: no rows"
+    limits = [row[0] for row in rows]
+    assert limits[-1] is None, f"{where}: the last row must be open-ended (null), got {limits}"
+    assert None not in limits[:-1], f"{where}: only the last row may be open-ended: {limits}"
+    assert limits[:-1] == sorted(set(limits[:-1])), f"{where}: limits not increasing: {limits}"
+    for row in rows:
+        assert len(row) == 3, f"{where}: row {row} is not [limit, tile, num_warps]"
+        _, tile, warps = row
+        assert is_power_of_two(tile), f"{where}: tile {tile} is not a power of two"
+        assert warps in WARPS, f"{where}: num_warps {warps} not in {WARPS}"
+
+
+def test_tables_are_shipped():
+    assert TABLE_FILES, f"no launch tables in {launch_config.CONFIGS_DIR}"
+
+
+@pytest.mark.parametrize("path", TABLE_FILES, ids=lambda p: p.stem)
+def test_table_file_is_well_formed(path):
+    data = json.loads(path.read_text())
+    assert launch_config.device_file(data["device"]) == path, "file name != its device's"
+    assert isinstance(data["how"], str) and data["how"], "say how the table was made"
+    known = {"device", "how", "causal_conv1d_update", "mamba2_decode_fused_max_batch_heads"}
+    known.update(STATE_KERNELS)
+    assert set(data) <= known, f"unknown entries {sorted(set(data) - known)}"
+    for kernel in STATE_KERNELS:
+        for key, rows in data.get(kernel, {}).items():
+            head_dim, d_state, state_bytes = (int(v) for v in key.split(","))
+            assert head_dim > 0 and d_state > 0, f"{kernel} {key}"
+            assert state_bytes in (1, 2, 4), f"{kernel} {key}: state bytes {state_bytes}"
+            check_rows(f"{path.name} {kernel} {key}", rows)
+    if "causal_conv1d_update" in data:
+        check_rows(f"{path.name} causal_conv1d_update", data["causal_conv1d_update"])
+    fused_max = data.get("mamba2_decode_fused_max_batch_heads")
+    assert fused_max is None or (isinstance(fused_max, int) and fused_max >= 0)
