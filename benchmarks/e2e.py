@@ -4,9 +4,10 @@ Each (model, SSM state dtype, implementation) runs in its own process: random bf
 the real shapes (load_format="dummy"), torch.compile + CUDA graphs, prompt 128 tokens,
 256 new tokens (ignore_eos). The decode rate is batch * 256 / (t(257 tokens) - t(1 token)),
 the median of --repeats runs (their min and max are kept as *_tok_s_range, each run's decode
-seconds as *_decode_s_runs, and the Triton kernels each compiled as
-*_triton_compiles_timed: a compile there lands in that run's time); time to first
-token is t(1 token) (best of two, median over the repeats). Engine processes differ from one
+seconds as *_decode_s_runs, and how many Triton kernels each compiled, and which, as
+*_triton_compiles_timed and *_triton_kernels_compiled_timed: a compile there lands in that
+run's time); time to first token is t(1 token) (best of two, median over the repeats).
+Engine processes differ from one
 another by more than the repeats inside one (a lone prompt's time to first token by up to
 1.5x between jobs): --rounds N starts each implementation's engine N times, alternating
 which goes first, and a row then holds the median over the rounds (ranges over all of
@@ -141,18 +142,30 @@ def draft_counts(llm) -> tuple[int, int]:
     )
 
 
-def triton_cache_entries() -> int:
-    """Kernels in Triton's on-disk caches (its default, $TRITON_CACHE_DIR, and the per-model
-    ones vLLM's compile cache points Triton at): grows when a process compiles a kernel
-    variant. A compile inside a timed run (a new specialisation, e.g. of a pointer's
-    alignment) costs that run up to a second."""
+def triton_cache_entries() -> set[Path]:
+    """Entries of Triton's on-disk caches (its default, $TRITON_CACHE_DIR, and the per-model
+    ones vLLM's compile cache points Triton at), one per compiled kernel variant: the set
+    grows when a process compiles one. A compile inside a timed run (a new specialisation,
+    e.g. of a pointer's alignment) costs that run up to a second."""
     roots = [Path.home() / ".triton" / "cache"]
     if os.environ.get("TRITON_CACHE_DIR"):
         roots.append(Path(os.environ["TRITON_CACHE_DIR"]))
     vllm_cache = Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm"))
     for parent, dirs, _ in os.walk(vllm_cache / "torch_compile_cache"):
         roots += [Path(parent) / d for d in dirs if d == "triton_cache"]
-    return sum(len(os.listdir(r)) for r in set(roots) if r.is_dir())
+    return {entry for r in set(roots) if r.is_dir() for entry in r.iterdir()}
+
+
+def kernel_names(entries: set[Path]) -> list[str]:
+    """The kernels of Triton cache entries (each entry holds ``<kernel>.json`` beside its
+    binaries and a ``__grp__<kernel>.json``): which kernel a timed run compiled."""
+    return sorted(
+        f.stem
+        for entry in entries
+        if entry.is_dir()
+        for f in entry.glob("*.json")
+        if not f.name.startswith("__grp__")
+    )
 
 
 def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine: dict) -> dict:
@@ -187,12 +200,12 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
         speculative = speculation_of(state_dtype)[1] is not None
         drafts_before = draft_counts(llm) if speculative else None
         runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
-        compiles = []  # per repeat: which runs a compile slowed
+        compiled = []  # per repeat, the kernels compiled: which runs a compile slowed
         for _ in range(repeats):
             before = triton_cache_entries()
             t1 = min(timed(1) for _ in range(2))
             runs.append((t1, timed(NEW_TOKENS + 1) - t1))
-            compiles.append(triton_cache_entries() - before)
+            compiled.append(kernel_names(triton_cache_entries() - before))
         tok_s = [b * NEW_TOKENS / d for _, d in runs]
         decode_s = statistics.median(d for _, d in runs)
         out["batches"][b] = dict(
@@ -202,7 +215,8 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             tpot_ms=1e3 * decode_s / NEW_TOKENS,
             ttft_ms=1e3 * statistics.median(t for t, _ in runs),
             decode_s_runs=[round(d, 4) for _, d in runs],
-            triton_compiles=compiles,
+            triton_compiles=[len(names) for names in compiled],
+            triton_kernels_compiled=compiled,
         )
         if speculative:
             proposed, accepted = (a - b for a, b in zip(draft_counts(llm), drafts_before))
@@ -231,6 +245,7 @@ def combine_rounds(rounds: list[dict]) -> dict:
             ttft_ms_rounds=[m["ttft_ms"] for m in ms],
             decode_s_runs=[d for m in ms for d in m["decode_s_runs"]],
             triton_compiles=[c for m in ms for c in m["triton_compiles"]],
+            triton_kernels_compiled=[k for m in ms for k in m["triton_kernels_compiled"]],
         )
         if "acceptance" in ms[0]:
             out["batches"][b]["acceptance"] = statistics.mean(m["acceptance"] for m in ms)
@@ -333,6 +348,7 @@ def main() -> None:
                             f"{impl}_engine_start_s": r["engine_start_s"],
                             f"{impl}_decode_s_runs": m["decode_s_runs"],
                             f"{impl}_triton_compiles_timed": m["triton_compiles"],
+                            f"{impl}_triton_kernels_compiled_timed": m["triton_kernels_compiled"],
                         }
                     )
                     if "acceptance" in m:
