@@ -14,6 +14,9 @@ which goes first, and a row then holds the median over the rounds (ranges over a
 them) and each round's time to first token (*_ttft_ms_rounds). Rows are merged into
 benchmarks/results/e2e-<gpu>.json (keys model, batch, state_dtype, plugin_tok_s,
 builtin_tok_s, ...) and plotted. A tiny preset (e.g. "dense") runs on CPU too (a smoke run).
+With random weights a MoE model routes each token by the tokens its implementation generated,
+so the experts' work per step can differ between engines; --moe-routing STRATEGY routes both by
+vLLM's routing simulation instead (VLLM_MOE_ROUTING_SIMULATION_STRATEGY, e.g. uniform_random).
 State dtype "int8" is the plugin's int8 SSM state (additional_config nemotron_h.ssm_state),
 and a suffix "-deferredL" (e.g. "float32-deferred16") turns on the plugin's deferred state
 writes with a ring of L (nemotron_h.deferred_state_writes; prefix caching off): the built-in
@@ -31,6 +34,8 @@ implementation's acceptance (accepted / proposed draft tokens over the timed run
     python benchmarks/e2e.py --models dense-mtp --state-dtypes float32-mtp2 --batches 1,4 \
         --output benchmarks/results/e2e-dense-mtp2-cpu.json
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes bfloat16 --batches 1 --rounds 3
+    python benchmarks/e2e.py --models nano-v3-30b --state-dtypes bfloat16 --rounds 2 \
+        --moe-routing uniform_random
     python benchmarks/e2e.py --models dense --state-dtypes float32 --batches 1,4,16 \
         --output benchmarks/results/e2e-dense-cpu.json
 """
@@ -142,6 +147,10 @@ def draft_counts(llm) -> tuple[int, int]:
     )
 
 
+# vLLM's MoE routing simulation (its FusedMoE routes by a strategy instead of the router).
+MOE_ROUTING_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
+
+
 def triton_cache_entries() -> set[Path]:
     """Entries of Triton's on-disk caches (its default, $TRITON_CACHE_DIR, and the per-model
     ones vLLM's compile cache points Triton at), one per compiled kernel variant: the set
@@ -172,7 +181,11 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
     import statistics
 
     import torch
+    import vllm.envs
     from vllm import SamplingParams
+
+    if os.environ.get(MOE_ROUTING_ENV) and MOE_ROUTING_ENV not in vllm.envs.environment_variables:
+        raise RuntimeError(f"--moe-routing: this vLLM has no {MOE_ROUTING_ENV}")
 
     from vllm_nemotron_h.testing import model_class_name
 
@@ -284,8 +297,15 @@ def main() -> None:
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--distributed-executor-backend", default=None, help="e.g. ray")
     ap.add_argument("--quantization", default=None, help="vLLM's, e.g. fp8 (rows keyed by it)")
+    ap.add_argument(
+        "--moe-routing",
+        default=None,
+        help="vLLM's MoE routing simulation for both implementations (e.g. uniform_random; "
+        "rows keyed by it): random weights route by the tokens each one generates",
+    )
     ap.add_argument("--output", type=Path, help="default: benchmarks/results/e2e-<gpu>.json")
     args = ap.parse_args()
+    child_env = {MOE_ROUTING_ENV: args.moe_routing} if args.moe_routing else {}
     engine = dict(tensor_parallel_size=args.tensor_parallel_size)
     if args.distributed_executor_backend:
         engine["distributed_executor_backend"] = args.distributed_executor_backend
@@ -323,11 +343,17 @@ def main() -> None:
             for round_ in range(args.rounds):
                 # the other implementation first in every other round
                 for impl in impls if round_ % 2 == 0 else impls[::-1]:
-                    runs[impl].append(run_impl(__file__, impl, spec))
+                    runs[impl].append(run_impl(__file__, impl, spec, **child_env))
             res = {impl: combine_rounds(rs) for impl, rs in runs.items()}
             for b in batches:
-                # rows without "weights" are bf16 weights
-                key = dict(model=model, batch=b, state_dtype=sdt, weights=args.quantization)
+                # rows without "weights" are bf16 weights, without "moe_routing" the model's own
+                key = dict(
+                    model=model,
+                    batch=b,
+                    state_dtype=sdt,
+                    weights=args.quantization,
+                    moe_routing=args.moe_routing,
+                )
                 matches = (r for r in doc["rows"] if all(r.get(k) == v for k, v in key.items()))
                 row = next(matches, None)
                 if row is None:
@@ -370,16 +396,18 @@ def plot(doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in doc["rows"] if "plugin_tok_s" in r and "builtin_tok_s" in r]
-    combos = sorted({(r["model"], r["state_dtype"], r.get("weights", "")) for r in rows})
+
+    def combo(r: dict) -> tuple:
+        return r["model"], r["state_dtype"], r.get("weights", ""), r.get("moe_routing", "")
+
+    combos = sorted({combo(r) for r in rows})
     if not combos:
         return
     fig, axes = plt.subplots(1, len(combos), figsize=(4 * len(combos), 3.5), squeeze=False)
-    for ax, (m, s, w) in zip(axes[0], combos):
-        sel = sorted(
-            (r for r in rows if (r["model"], r["state_dtype"], r.get("weights", "")) == (m, s, w)),
-            key=lambda r: r["batch"],
-        )
+    for ax, (m, s, w, routing) in zip(axes[0], combos):
+        sel = sorted((r for r in rows if combo(r) == (m, s, w, routing)), key=lambda r: r["batch"])
         weights = f", {w} weights" if w else ""
+        weights += f", {routing} MoE routing" if routing else ""
         x = range(len(sel))
         ax.bar([i - 0.2 for i in x], [r["builtin_tok_s"] for r in sel], 0.4, label="vLLM built-in")
         ax.bar([i + 0.2 for i in x], [r["plugin_tok_s"] for r in sel], 0.4, label="plugin")

@@ -48,7 +48,8 @@ for s in "$@"; do
     tp-*) tp_case "${s#tp-}" ;;
     e2e-8b) step e2e-8b e2e --models nemotron-h-8b --state-dtypes float32 --batches 1,64,128 ;;
     e2e-9b) step e2e-9b e2e --models nano-9b-v2 --state-dtypes bfloat16 --batches 1,64,128 ;;
-    e2e-30b) step e2e-30b e2e --models nano-v3-30b --state-dtypes float32 --batches 128 ;;
+    e2e-30b) step e2e-30b e2e --models nano-v3-30b --state-dtypes float32 --batches 128 \
+      --moe-routing uniform_random ;;
     profile-8b) step profile-8b python3 benchmarks/step_profile.py --model nemotron-h-8b \
       --state-dtype float32 --batch 128 --tensor-parallel-size 2 \
       --output "$out/step-profile-nemotron-h-8b-float32-b128-tp2-$gpu.json" ;;
