@@ -13,7 +13,10 @@ another by more than the repeats inside one (a lone prompt's time to first token
 which goes first, and a row then holds the median over the rounds (ranges over all of
 them) and each round's time to first token (*_ttft_ms_rounds). Rows are merged into
 benchmarks/results/e2e-<gpu>.json (keys model, batch, state_dtype, plugin_tok_s,
-builtin_tok_s, ...) and plotted. A tiny preset (e.g. "dense") runs on CPU too (a smoke run).
+builtin_tok_s, ...) and plotted; each implementation's *_max_concurrency is how many
+sequences of the engine's length its cache holds (vLLM's count, at gpu_memory_utilization
+0.9 on a GPU: what a state format buys in batch). A tiny preset (e.g. "dense") runs on CPU
+too (a smoke run).
 With random weights a MoE model routes each token by the tokens its implementation generated,
 so the experts' work per step can differ between engines; --moe-routing STRATEGY routes both by
 vLLM's routing simulation instead (VLLM_MOE_ROUTING_SIMULATION_STRATEGY, e.g. uniform_random).
@@ -177,6 +180,20 @@ def kernel_names(entries: set[Path]) -> list[str]:
     )
 
 
+def cache_capacity(worker) -> dict:
+    """In a worker (vLLM's collective_rpc): the blocks of its cache and how many sequences of
+    the engine's max_model_len they hold, as vLLM counts them for its own log line (whole
+    blocks per sequence in each cache group: the state formats differ only there)."""
+    from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+
+    config = worker.model_runner.kv_cache_config
+    return dict(
+        cache_blocks=config.num_blocks,
+        max_concurrency=get_max_concurrency_for_kv_cache_config(worker.vllm_config, config),
+        max_model_len=worker.vllm_config.model_config.max_model_len,
+    )
+
+
 def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine: dict) -> dict:
     import statistics
 
@@ -196,6 +213,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
     out = dict(
         model_class=llm.apply_model(model_class_name)[0],
         engine_start_s=round(start_s, 1),
+        **llm.collective_rpc(cache_capacity)[0],
         batches={},
     )
     for b in batches:
@@ -372,6 +390,8 @@ def main() -> None:
                             f"{impl}_ttft_ms": round(m["ttft_ms"], 1),
                             f"{impl}_class": r["model_class"],
                             f"{impl}_engine_start_s": r["engine_start_s"],
+                            f"{impl}_max_concurrency": round(r["max_concurrency"], 1),
+                            f"{impl}_cache_blocks": r["cache_blocks"],
                             f"{impl}_decode_s_runs": m["decode_s_runs"],
                             f"{impl}_triton_compiles_timed": m["triton_compiles"],
                             f"{impl}_triton_kernels_compiled_timed": m["triton_kernels_compiled"],
