@@ -7,19 +7,18 @@ the median of --repeats runs (their min and max are kept as *_tok_s_range, each 
 seconds as *_decode_s_runs, and how many Triton kernels each compiled, and which, as
 *_triton_compiles_timed and *_triton_kernels_compiled_timed: a compile there lands in that
 run's time); time to first token is t(1 token) (best of two, median over the repeats).
-Engine processes differ from one
-another by more than the repeats inside one (a lone prompt's time to first token by up to
-1.5x between jobs): --rounds N starts each implementation's engine N times, alternating
-which goes first, and a row then holds the median over the rounds (ranges over all of
-them) and each round's time to first token (*_ttft_ms_rounds). Rows are merged into
-benchmarks/results/e2e-<gpu>.json (keys model, batch, state_dtype, plugin_tok_s,
-builtin_tok_s, ...) and plotted; each implementation's *_max_concurrency is how many
-sequences of the engine's length its cache holds (vLLM's count, at gpu_memory_utilization
-0.9 on a GPU: what a state format buys in batch). A tiny preset (e.g. "dense") runs on CPU
-too (a smoke run).
-With random weights a MoE model routes each token by the tokens its implementation generated,
-so the experts' work per step can differ between engines; --moe-routing STRATEGY routes both by
-vLLM's routing simulation instead (VLLM_MOE_ROUTING_SIMULATION_STRATEGY, e.g. uniform_random).
+Engine processes differ from one another by more than the repeats inside one (a lone
+prompt's time to first token by up to 1.5x between jobs): --rounds N starts each
+implementation's engine N times, alternating which goes first, and a row then holds the
+median over the rounds (ranges over all of them) and each round's time to first token
+(*_ttft_ms_rounds). Rows are merged into benchmarks/results/e2e-<gpu>.json (keys model,
+batch, state_dtype, plugin_tok_s, builtin_tok_s, ...) and plotted; each implementation's
+*_max_concurrency is how many sequences of the engine's length its cache holds (vLLM's
+count, at gpu_memory_utilization 0.9 on a GPU: what a state format buys in batch). A tiny
+preset (e.g. "dense") runs on CPU too (a smoke run). With random weights a MoE model routes
+each token by the tokens its implementation generated, so the experts' work per step can
+differ between engines; --moe-routing STRATEGY routes both by vLLM's routing simulation
+instead (VLLM_MOE_ROUTING_SIMULATION_STRATEGY, e.g. uniform_random).
 State dtype "int8" is the plugin's int8 SSM state (additional_config nemotron_h.ssm_state),
 and a suffix "-deferredL" (e.g. "float32-deferred16") turns on the plugin's deferred state
 writes with a ring of L (nemotron_h.deferred_state_writes; prefix caching off): the built-in
@@ -231,12 +230,12 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
         speculative = speculation_of(state_dtype)[1] is not None
         drafts_before = draft_counts(llm) if speculative else None
         runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
-        compiled = []  # per repeat, the kernels compiled: which runs a compile slowed
+        compiled = []  # per repeat, the cache entries compiled: which runs a compile slowed
         for _ in range(repeats):
             before = triton_cache_entries()
             t1 = min(timed(1) for _ in range(2))
             runs.append((t1, timed(NEW_TOKENS + 1) - t1))
-            compiled.append(kernel_names(triton_cache_entries() - before))
+            compiled.append(triton_cache_entries() - before)
         tok_s = [b * NEW_TOKENS / d for _, d in runs]
         decode_s = statistics.median(d for _, d in runs)
         out["batches"][b] = dict(
@@ -246,8 +245,8 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             tpot_ms=1e3 * decode_s / NEW_TOKENS,
             ttft_ms=1e3 * statistics.median(t for t, _ in runs),
             decode_s_runs=[round(d, 4) for _, d in runs],
-            triton_compiles=[len(names) for names in compiled],
-            triton_kernels_compiled=compiled,
+            triton_compiles=[len(entries) for entries in compiled],
+            triton_kernels_compiled=[kernel_names(entries) for entries in compiled],
         )
         if speculative:
             proposed, accepted = (a - b for a, b in zip(draft_counts(llm), drafts_before))
