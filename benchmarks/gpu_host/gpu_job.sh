@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# On a host of one GPU, after setup.sh: benchmark steps run one after another in the
+# background, each step's log in LOG_DIR/<step>.log, its JSON in LOG_DIR, and a line per
+# finished step in LOG_DIR/progress (polled as tp_job.sh's is; start it with `setsid nohup`).
+# Usage: bash benchmarks/gpu_host/gpu_job.sh LOG_DIR STEP ...
+#   tune-K      tune.py for kernel K (selective_state_update, mamba2_decode,
+#               causal_conv1d_update, deferred_state_update) on the 8B and 9B shapes, every
+#               state format, into LOG_DIR/tune-K.json
+#   tables      this GPU's launch tables from LOG_DIR/tune-*.json and the committed sweep
+#               benchmarks/results/kernel-tuning-<gpu>.json (if any), written into the package
+#               and copied to LOG_DIR
+#   e2e-30b     Nemotron 3 Nano 30B-A3B, bf16 and fp32 state, B=1/32/128, 2 rounds, both
+#               implementations routed by vLLM's uniform routing simulation
+#   profile-30b one decode step of the 30B at B=128 (bf16 state), both implementations
+#   e2e-formats 8B and 9B, fp32 / bf16 / int8 state, B=1/32/128/256: tokens/s and how many
+#               sequences each format's cache holds (int8: the plugin alone)
+set -u
+out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
+shift
+mkdir -p "$out"
+. /root/vllm-env.sh
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+name=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
+gpu=$(python3 -c "n = '$name'; print(next((t.lower() for t in ('H100', 'H200') if t in n),
+  n.replace(' ', '_').lower()))")
+step() {
+  local step_name=$1; shift
+  local t0; t0=$(date +%s)
+  "$@" > "$out/$step_name.log" 2>&1
+  echo "$step_name rc=$? $(( $(date +%s) - t0 ))s" >> "$out/progress"
+}
+sweep=$out/kernel-tuning-$gpu.json
+merge_sweeps() {  # the committed sweep of this GPU (if any), then this job's
+  python3 -c "import glob, json, os, sys
+paths = [p for p in sys.argv[2:] if os.path.exists(p)]
+json.dump(sum((json.load(open(p)) for p in paths), []), open(sys.argv[1], 'w'), indent=1)" \
+    "$sweep" "benchmarks/results/kernel-tuning-$gpu.json" "$out"/tune-*.json
+}
+echo "start $(date) $name" > "$out/progress"
+for s in "$@"; do
+  case $s in
+    tune-*) step "$s" python3 benchmarks/kernels/tune.py --models nemotron-h-8b,nano-9b-v2 \
+      --kernels "${s#tune-}" --state-dtypes float32,bfloat16,int8 --output "$out/$s.json" ;;
+    tables)
+      merge_sweeps
+      step tables python3 benchmarks/kernels/tune.py --tables "$sweep" --write "$name"
+      cp "vllm_nemotron_h/ops/configs/$(echo "$name" | tr ' ' '_').json" "$out/" ;;
+    e2e-30b) step e2e-30b python3 benchmarks/e2e.py --models nano-v3-30b \
+      --state-dtypes bfloat16,float32 --batches 1,32,128 --repeats 3 --rounds 2 \
+      --moe-routing uniform_random --output "$out/e2e-30b-uniform-routing-$gpu.json" ;;
+    profile-30b) step profile-30b python3 benchmarks/step_profile.py --model nano-v3-30b \
+      --state-dtype bfloat16 --batch 128 \
+      --output "$out/step-profile-nano-v3-30b-bfloat16-b128-$gpu.json" ;;
+    e2e-formats) step e2e-formats python3 benchmarks/e2e.py \
+      --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16,int8 \
+      --batches 1,32,128,256 --repeats 3 --output "$out/e2e-formats-$gpu.json" ;;
+    *) echo "unknown step $s" >> "$out/progress" ;;
+  esac
+done
+echo "end $(date)" >> "$out/progress"
