@@ -8,7 +8,9 @@ before the first 16-byte state load and between the last state load and the firs
                                      [--head-dim 64] [--dump DIR]
 
 The GPU machine may run another Triton version (3.6 there): its code can differ; read this as
-a lead, and time the variant on the GPU before keeping it.
+a lead, and time the variant on the GPU before keeping it. To compile with the GPU's version:
+`pip download --no-deps triton==3.6.0`, unzip the wheel into a folder, make its
+backends/nvidia/bin/* executable, and put the folder first on PYTHONPATH.
 """
 
 from __future__ import annotations
