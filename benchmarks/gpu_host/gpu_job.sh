@@ -3,6 +3,7 @@
 # background, each step's log in LOG_DIR/<step>.log, its JSON in LOG_DIR, and a line per
 # finished step in LOG_DIR/progress (polled as tp_job.sh's is; start it with `setsid nohup`).
 # Usage: bash benchmarks/gpu_host/gpu_job.sh LOG_DIR STEP ...
+#   kernels     the GPU kernel tests (pytest -m gpu tests/kernels) with this GPU's launch table
 #   tune-K      tune.py for kernel K (selective_state_update, mamba2_decode,
 #               causal_conv1d_update, deferred_state_update) on the 8B and 9B shapes, every
 #               state format, into LOG_DIR/tune-K.json
@@ -17,18 +18,7 @@
 set -u
 out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
-mkdir -p "$out"
-. /root/vllm-env.sh
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-name=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
-gpu=$(python3 -c "n = '$name'; print(next((t.lower() for t in ('H100', 'H200') if t in n),
-  n.replace(' ', '_').lower()))")
-step() {
-  local step_name=$1; shift
-  local t0; t0=$(date +%s)
-  "$@" > "$out/$step_name.log" 2>&1
-  echo "$step_name rc=$? $(( $(date +%s) - t0 ))s" >> "$out/progress"
-}
+. benchmarks/gpu_host/job_lib.sh
 sweep=$out/kernel-tuning-$gpu.json
 merge_sweeps() {  # the committed sweep of this GPU (if any), then this job's
   python3 -c "import glob, json, os, sys
@@ -36,15 +26,16 @@ paths = [p for p in sys.argv[2:] if os.path.exists(p)]
 json.dump(sum((json.load(open(p)) for p in paths), []), open(sys.argv[1], 'w'), indent=1)" \
     "$sweep" "benchmarks/results/kernel-tuning-$gpu.json" "$out"/tune-*.json
 }
-echo "start $(date) $name" > "$out/progress"
+echo "start $(date) $gpu_name" > "$out/progress"
 for s in "$@"; do
   case $s in
+    kernels) step kernels python3 -m pytest -m gpu tests/kernels -q -p no:cacheprovider ;;
     tune-*) step "$s" python3 benchmarks/kernels/tune.py --models nemotron-h-8b,nano-9b-v2 \
       --kernels "${s#tune-}" --state-dtypes float32,bfloat16,int8 --output "$out/$s.json" ;;
     tables)
       merge_sweeps
-      step tables python3 benchmarks/kernels/tune.py --tables "$sweep" --write "$name"
-      cp "vllm_nemotron_h/ops/configs/$(echo "$name" | tr ' ' '_').json" "$out/" ;;
+      step tables python3 benchmarks/kernels/tune.py --tables "$sweep" --write "$gpu_name"
+      cp "vllm_nemotron_h/ops/configs/$(echo "$gpu_name" | tr ' ' '_').json" "$out/" ;;
     e2e-30b) step e2e-30b python3 benchmarks/e2e.py --models nano-v3-30b \
       --state-dtypes bfloat16,float32 --batches 1,32,128 --repeats 3 --rounds 2 \
       --moe-routing uniform_random --output "$out/e2e-30b-uniform-routing-$gpu.json" ;;
