@@ -43,6 +43,8 @@ def compile_sass(block_m: int, num_warps: int, state_dtype: str, head_dim: int) 
         HAS_SLOTS=True,
         BLOCK_M=block_m,
         BLOCK_N=128,
+        PER_HEAD=state_dtype == "i8" and head_dim % block_m == 0,
+        FLOOR_BY_ADD=True,
     )
     constexprs.update({name: 1 for name in UNIT_STRIDES})
     pointers = {name: "*bf16" for name in ACTIVATION_PTRS}

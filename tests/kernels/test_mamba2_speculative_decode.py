@@ -30,7 +30,6 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import mamba2_speculative
 from vllm_nemotron_h.ops.mamba2_speculative_decode.reference import (
     mamba2_speculative_decode_reference,
 )
-from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape, record_of
 from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 
@@ -168,7 +167,8 @@ def test_steps_without_drafts_run_on_the_native_one_token_ops(state_dtype):
 def test_equals_one_token_per_step(device, state_dtype):
     """Each token's output, and the state stored in its slot, equal the one-token decode tail
     run token by token from the accepted window and state: speculation changes no number (in
-    the interpreter; on a GPU up to the kernels' roundings, GPU_STATE_TOL)."""
+    the interpreter with a float state; with int8, and on a GPU, up to the kernels'
+    roundings)."""
     act = torch.float32
     shape = GPU_SHAPES[0] if device == "cuda" else CPU_SHAPES[0]
     t = inputs(device, shape, 4, state_dtype, act)
@@ -195,12 +195,11 @@ def test_equals_one_token_per_step(device, state_dtype):
             out_tol = 1e-6 if device == "cpu" else GPU_STATE_TOL[state_dtype]
             assert rel_err(out[tok : tok + 1], step_out) < out_tol
             dst = int(t["state_slots"][r, tok - starts[r]])
-            if device == "cpu" and state_dtype == torch.int8:
-                got = dequantize(t["ssm_state"][dst], t["ssm_scale"][dst])
-                assert torch.equal(got, dequantize(ssm[r], scale[r]))
-            elif device == "cpu":
+            if device == "cpu" and state_dtype != torch.int8:
                 assert torch.equal(t["ssm_state"][dst], ssm[r])
             elif state_dtype == torch.int8:
+                # the one-token update advances int8 rows in the old rows' units, this kernel
+                # in their values: the same number up to a rounding on a quantum's boundary
                 tokens = tok - starts[r] + 1
                 assert_int8_state_close(
                     t["ssm_state"][dst], t["ssm_scale"][dst], ssm[r], scale[r], tokens

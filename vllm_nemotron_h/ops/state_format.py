@@ -1,5 +1,6 @@
 """The int8 SSM state format, in PyTorch (the CPU paths and the references; the Triton
-kernels quantize with triton_helpers.quantize_rows, the same formula in fp32).
+kernels quantize with triton_helpers.quantize_rows, the same formula in fp32, and the state
+update with store_quantized_step, the same formula for rows it holds as f * u).
 
 A state row is one (slot, head, head_dim row) over d_state. It is stored as symmetric int8
 values q in [-127, 127] and one fp32 scale: value = q * scale, scale = max |row| / 127,

@@ -123,6 +123,44 @@ def state_step(s, row_scale, x, Bv, dt, A):
     return s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]
 
 
+# 2^-64: the least decay x scale the int8 update in the old rows' units divides by; below it
+# the old state adds at most 127 * 2^-64 per element, nothing at fp32 state precision.
+MIN_OLD_ROW_SCALE = tl.constexpr(5.421010862427522e-20)
+
+
+@triton.jit
+def quantized_state_step(q, row_scale, x, Bv, dt, A):
+    """state_step for an int8 tile, in the old rows' units: with f = decay * row_scale per row
+    (at least MIN_OLD_ROW_SCALE), the new values are f * u, u = q + B * (dt x / f), one FMA an
+    element where the direct form converts, scales and adds. The int8 update is bound by
+    instruction issue, not by its bytes (benchmarks/NOTES.md). Returns (u, f)."""
+    dt = softplus(dt)
+    f = tl.maximum(tl.exp(A * dt) * row_scale, MIN_OLD_ROW_SCALE)
+    return q.to(tl.float32) + ((dt * x) / f)[:, None] * Bv[None, :], f
+
+
+@triton.jit
+def store_quantized_step(state_ptrs, scale_ptrs, u, f, tile_ok, live, FLOOR_BY_ADD: tl.constexpr):
+    """Stores rows f * u (quantized_state_step's) in the int8 format of quantize_rows: scale
+    f * max|u| / 127, q = floor(u * 127 / max|u| + 1/2) (f cancels). FLOOR_BY_ADD (GPU only:
+    the interpreter runs no PTX) takes floor(v) for |v| <= 128 from one add rounded toward
+    -inf instead of a floor and a float-to-int conversion: 0f4B400000 is 1.5 * 2^23, whose
+    ulp is 1, so the sum's low bits hold floor(v) in two's complement."""
+    amax = tl.max(tl.abs(u), axis=1)
+    kept = f * amax > 1e-30  # state_format.MIN_ROW_MAX
+    inv = tl.where(kept, 127.0 / amax, 0.0)
+    v = u * inv[:, None] + 0.5
+    if FLOOR_BY_ADD:
+        bits = tl.inline_asm_elementwise(
+            "add.rm.f32 $0, $1, 0f4B400000;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1
+        )
+        q = bits.to(tl.int32, bitcast=True).to(tl.int8)
+    else:
+        q = tl.floor(v).to(tl.int8)
+    tl.store(state_ptrs, q, mask=tile_ok)
+    tl.store(scale_ptrs, tl.where(kept, f * amax / 127.0, 0.0), mask=live)
+
+
 @triton.jit
 def quantize_rows(s):
     """The int8 state format (ops/state_format.py) of a tile of fp32 rows ``s`` (rows,

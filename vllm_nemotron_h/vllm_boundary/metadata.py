@@ -121,7 +121,8 @@ def first_tokens_as_decodes(
     longer ones), and the indices of those rows (CPU int64), or None."""
     is_prefilling = common_attn_metadata.is_prefilling  # CPU, as vLLM's split reads it
     seq_lens = common_attn_metadata.seq_lens_cpu_upper_bound
-    if is_prefilling is None or seq_lens is None:
+    # a step of decodes alone (most steps) pays one op here: this runs on the host every step
+    if is_prefilling is None or seq_lens is None or not bool(is_prefilling.any()):
         return common_attn_metadata, None
     query_lens = torch.diff(common_attn_metadata.query_start_loc_cpu)
     one_token = query_lens == 1

@@ -6,7 +6,10 @@ a block may span several heads (head_dim 80 takes 32- or 64-row tiles without ma
 but never two groups, so B and C are loaded once per program. Each program reads its state
 tile once and writes it once: the kernel moves the minimum number of bytes. An int8 state
 (QUANTIZED) is read with its per-row scales, advanced in fp32 and written back with new
-scales from the tile in registers: one pass still.
+scales from the tile in registers: one pass still. The int8 update is bound by instruction
+issue rather than bytes, so it advances the rows in the old rows' units
+(quantized_state_step) and loads a head's dt, A and D once per program where the tile lies in
+one head (PER_HEAD); the float formats, bound by their bytes, take the direct form.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.ops.triton_helpers import (
     load_state_tile,
     plane_tile,
+    quantized_state_step,
     state_step,
+    store_quantized_step,
     store_state_tile,
 )
 
@@ -70,6 +75,8 @@ def _selective_state_update_kernel(
     HAS_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PER_HEAD: tl.constexpr,
+    FLOOR_BY_ADD: tl.constexpr,
 ):
     first_row = tl.program_id(0) * BLOCK_M
     b = tl.program_id(1).to(tl.int64)
@@ -88,13 +95,24 @@ def _selective_state_update_kernel(
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
     if HAS_Z:
         z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
-    dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
-    A = tl.load(A_ptr + h)
-    D = tl.load(D_ptr + h)
+    if PER_HEAD:
+        h0 = first_row // HEAD_DIM
+        dt = tl.load(dt_ptr + b * dt_b + h0 * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h0)
+        A = tl.load(A_ptr + h0)
+        D = tl.load(D_ptr + h0)
+    else:
+        dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+        A = tl.load(A_ptr + h)
+        D = tl.load(D_ptr + h)
 
-    s = state_step(s, row_scale, x, Bv, dt, A)
-    store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED)
-    y = tl.sum(s * Cv[None, :], axis=1) + D * x
+    if QUANTIZED:
+        u, f = quantized_state_step(s, row_scale, x, Bv, dt, A)
+        store_quantized_step(state_ptrs, scale_ptrs, u, f, tile_ok, live, FLOOR_BY_ADD)
+        y = f * tl.sum(u * Cv[None, :], axis=1) + D * x
+    else:
+        s = state_step(s, row_scale, x, Bv, dt, A)
+        store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED)
+        y = tl.sum(s * Cv[None, :], axis=1) + D * x
     if HAS_Z:
         y = y * z * tl.sigmoid(z)
     y = tl.where(live, y, 0.0)
@@ -126,6 +144,7 @@ def launch(
         *zz.stride(), *out.stride(), *scale.stride(),
         HEAD_DIM=head_dim, QUANTIZED=state_scale is not None, HAS_Z=z is not None,
         HAS_SLOTS=slots is not None, BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state),
-        num_warps=num_warps,
+        PER_HEAD=state_scale is not None and head_dim % block_m == 0,
+        FLOOR_BY_ADD=state.is_cuda, num_warps=num_warps,
     )  # fmt: skip
     return out
