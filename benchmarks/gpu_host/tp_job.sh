@@ -10,7 +10,8 @@
 #   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
 #   e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=128: each rank's
-#   kernels per decode step, both implementations); default tests e2e-8b e2e-9b e2e-30b.
+#   kernels per decode step, both implementations), host-8b-b1 (the same at B=1 with each
+#   rank's host time by op); default tests e2e-8b e2e-9b e2e-30b.
 #   Every engine's log of the tests goes to LOG_DIR/engines.
 set -u
 out=${1:?usage: tp_job.sh LOG_DIR [STEP ...]}
@@ -49,6 +50,9 @@ for s in "$@"; do
     profile-9b) step profile-9b python3 benchmarks/step_profile.py --model nano-9b-v2 \
       --state-dtype bfloat16 --batch 128 --tensor-parallel-size "$tp" \
       --output "$out/step-profile-nano-9b-v2-bfloat16-b128-tp$tp-$gpu.json" ;;
+    host-8b-b1) step host-8b-b1 python3 benchmarks/step_profile.py --model nemotron-h-8b \
+      --state-dtype float32 --batch 1 --host --tensor-parallel-size "$tp" \
+      --output "$out/step-profile-nemotron-h-8b-float32-b1-tp$tp-host-$gpu.json" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
