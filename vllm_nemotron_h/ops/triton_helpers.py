@@ -123,8 +123,9 @@ def state_step(s, row_scale, x, Bv, dt, A):
     return s.to(tl.float32) * decay[:, None] + (dt * x)[:, None] * Bv[None, :]
 
 
-# 2^-64: the least decay x scale the int8 update in the old rows' units divides by; below it
-# the old state adds at most 127 * 2^-64 per element, nothing at fp32 state precision.
+# 2^-64: the least decay x scale the int8 update in the old rows' units divides by; where the
+# true one is smaller, the old state's part of a new value is off by at most 127 x 2^-64
+# (~7e-18), where the row's old values have all but decayed away.
 MIN_OLD_ROW_SCALE = tl.constexpr(5.421010862427522e-20)
 
 
