@@ -88,6 +88,10 @@ def test_first_prompt_tokens_with_placeholder_drafts_run_as_decodes():
     assert marked.is_prefilling.tolist() == [False, True, False, False, True]
     _, rows_without_drafts = first_tokens_as_decodes(common)
     assert rows_without_drafts.tolist() == [3]
+    # a step of decodes alone comes back as it was
+    decodes = SimpleNamespace(**{**vars(common), "is_prefilling": torch.zeros(5, dtype=bool)})
+    marked_decodes, no_rows = first_tokens_as_decodes(decodes, drafts)
+    assert marked_decodes is decodes and no_rows is None
     # The split stops at the 3-token prompt: one decode row (3 tokens), rows 2 and 3 prefill.
     metadata = SimpleNamespace(
         num_decodes=1, num_decode_tokens=3, state_indices_tensor_p=torch.tensor([5, 6, 7, 8])
