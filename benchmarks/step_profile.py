@@ -219,12 +219,13 @@ def print_table(res: dict[str, dict]) -> None:
     for i in impls:
         walls = res[i]["prefill_step"]["unprofiled_wall_us"]
         print(f"  {i:32}{walls['median']:14.1f} ({walls['min']:.1f})")
-    for i in impls:
-        if "host" not in res[i]["prefill_step"]:
-            continue
-        print(f"\nhost time of the prefill step by op, {i}: calls, self us")
-        for name, calls, t in res[i]["prefill_step"]["host"][:15]:
-            print(f"  {name[:70]:70}{calls:8}{t:12.1f}")
+    for step in ("prefill_step", "decode_step"):
+        for i in impls:
+            if "host" not in res[i][step]:
+                continue
+            print(f"\nhost time of the {step.replace('_', ' ')} by op, {i}: calls, self us")
+            for name, calls, t in res[i][step]["host"][:15]:
+                print(f"  {name[:70]:70}{calls:8}{t:12.1f}")
 
 
 def main() -> None:
