@@ -150,9 +150,10 @@ def test_int8_state_matches_reference(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_int8_rows_of_zeros_huge_values_and_nan(device):
-    """A row that stays zero keeps scale 0; rows near fp32's top stay finite; a NaN in one
-    sequence's input reaches only that sequence's slot."""
+def test_int8_rows_of_zeros_tiny_and_huge_values_and_nan(device):
+    """A row that stays zero keeps scale 0; rows decayed far below the least old-row scale
+    the update divides by (2^-64) come out as the reference's; rows near fp32's top stay
+    finite; a NaN in one sequence's input reaches only that sequence's slot."""
     shape = (4, 32, 16, 2) if device == "cpu" else (128, 64, 128, 8)
     act = torch.bfloat16 if device == "cuda" else torch.float32
     t, ref_inputs = int8_inputs(device, 4, shape, act)
@@ -161,6 +162,7 @@ def test_int8_rows_of_zeros_huge_values_and_nan(device):
         inputs["state"][slots[1], 0] = 0  # zero rows of head 0 ...
         inputs["state_scale"][slots[1], 0] = 0
         inputs["x"][1, 0] = 0  # ... that get no input: they stay zero
+        inputs["state_scale"][slots[0]] = 1e-25  # tiny values
         inputs["state_scale"][slots[2]] = 1e30  # huge values, decaying
         inputs["x"][3, 1, 3] = float("nan")  # poisons sequence 3's head 1 only
     check_int8(device, t, ref_inputs)
