@@ -226,7 +226,9 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             llm.generate(prompts, p, use_tqdm=False)
             return time.perf_counter() - t
 
-        timed(8)  # warm-up
+        # warm-up: a whole timed run, so that the steps the timed runs take (mixed prefill and
+        # decode batches included, whose decode counts no captured graph compiled) compile here
+        timed(NEW_TOKENS + 1)
         speculative = speculation_of(state_dtype)[1] is not None
         drafts_before = draft_counts(llm) if speculative else None
         runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
