@@ -24,7 +24,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from vllm_nemotron_h.ops.selective_state_update.kernel import _selective_state_update_kernel
+from vllm_nemotron_h.ops.selective_state_update.kernel import (
+    _selective_state_update_kernel,
+    takes_per_head_values,
+)
 
 TOOLS = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin"
 # Pointers, and the strides that are 1 in vLLM's tensors (Triton specialises those).
@@ -43,7 +46,7 @@ def compile_sass(block_m: int, num_warps: int, state_dtype: str, head_dim: int) 
         HAS_SLOTS=True,
         BLOCK_M=block_m,
         BLOCK_N=128,
-        PER_HEAD=state_dtype == "i8" and head_dim % block_m == 0,
+        PER_HEAD=takes_per_head_values(state_dtype == "i8", head_dim, block_m),
         FLOOR_BY_ADD=True,
     )
     constexprs.update({name: 1 for name in UNIT_STRIDES})

@@ -95,15 +95,12 @@ def _selective_state_update_kernel(
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
     if HAS_Z:
         z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
-    if PER_HEAD:
-        h0 = first_row // HEAD_DIM
-        dt = tl.load(dt_ptr + b * dt_b + h0 * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h0)
-        A = tl.load(A_ptr + h0)
-        D = tl.load(D_ptr + h0)
-    else:
-        dt = tl.load(dt_ptr + b * dt_b + h * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + h)
-        A = tl.load(A_ptr + h)
-        D = tl.load(D_ptr + h)
+    head = h  # per row
+    if PER_HEAD:  # the tile lies in one head: its values once (scalars)
+        head = first_row // HEAD_DIM
+    dt = tl.load(dt_ptr + b * dt_b + head * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + head)
+    A = tl.load(A_ptr + head)
+    D = tl.load(D_ptr + head)
 
     if QUANTIZED:
         u, f = quantized_state_step(s, row_scale, x, Bv, dt, A)
@@ -117,6 +114,12 @@ def _selective_state_update_kernel(
         y = y * z * tl.sigmoid(z)
     y = tl.where(live, y, 0.0)
     tl.store(out_ptr + b * o_b + h * o_h + p * o_d, y.to(out_ptr.dtype.element_ty))
+
+
+def takes_per_head_values(quantized: bool, head_dim: int, block_m: int) -> bool:
+    """Whether a program loads its head's dt, A and D once (PER_HEAD): an int8 state (bound
+    by instruction issue) whose tiles each lie in one head."""
+    return quantized and head_dim % block_m == 0
 
 
 def launch(
@@ -144,7 +147,7 @@ def launch(
         *zz.stride(), *out.stride(), *scale.stride(),
         HEAD_DIM=head_dim, QUANTIZED=state_scale is not None, HAS_Z=z is not None,
         HAS_SLOTS=slots is not None, BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state),
-        PER_HEAD=state_scale is not None and head_dim % block_m == 0,
+        PER_HEAD=takes_per_head_values(state_scale is not None, head_dim, block_m),
         FLOOR_BY_ADD=state.is_cuda, num_warps=num_warps,
     )  # fmt: skip
     return out
