@@ -1,7 +1,8 @@
 """Long-horizon drift of the decode state update, per SSM state format, at real shapes.
 
-The plugin's ``selective_state_update`` (Triton on a GPU, its reference on CPU) advances a
-batch of states for ``--steps`` decode steps with the state stored in each format, beside a
+The plugin's ``selective_state_update`` (Triton on a GPU or under the Triton interpreter,
+TRITON_INTERPRET=1; its CPU path otherwise) advances a batch of states for ``--steps`` decode
+steps with the state stored in each format (int8: rows with an fp32 scale each), beside a
 float64 recurrence on the same inputs. Inputs as a trained Mamba2 layer sees them:
 A = -U(1, 16) (Mamba2's A init range), per-head step sizes log-uniform in [1e-3, 0.1] with
 an eighth of the heads at 1e-3 (slow decay: a state that remembers ~1,000 steps), each step
@@ -13,7 +14,9 @@ state's signed bias, mean((s - s64) * sign(s64)) / mean(|s64|) (negative: the st
 shrinks toward zero). Writes benchmarks/results/state-drift-<device>.json and .png.
 
     python benchmarks/state_drift.py                         # GPU: 8B and 9B shapes
-    python benchmarks/state_drift.py --batch 1 --steps 512   # CPU (reference path)
+    python benchmarks/state_drift.py --batch 1 --steps 512   # CPU (its CPU path)
+    TRITON_INTERPRET=1 python benchmarks/state_drift.py --formats int8 --heads 8 --steps 512
+                                          # CPU, the Triton kernel interpreted (8 of the heads)
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from vllm_nemotron_h.ops import selective_state_update  # noqa: E402
+from vllm_nemotron_h.ops.state_format import dequantize  # noqa: E402
+from vllm_nemotron_h.ops.support import use_triton  # noqa: E402
 
 # Mamba shapes of the public models: (heads, head_dim, d_state, n_groups).
 SHAPES = {"nemotron-h-8b": (128, 64, 128, 8), "nano-9b-v2": (128, 80, 128, 8)}
-FORMATS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FORMATS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
 DT_MIN, DT_MAX = 1e-3, 0.1
 
 
@@ -77,19 +82,29 @@ def inputs(
     )
 
 
-def drift(shape: str, fmt: str, batch: int, steps: int, every: int, device: str, seed: int) -> dict:
-    heads, head_dim, d_state, groups = SHAPES[shape]
-    seq, layer = inputs(heads, head_dim, d_state, groups, batch, steps, seed, device)
+def drift(
+    shape: str, fmt: str, batch: int, steps: int, every: int, device: str, seed: int, heads: int
+) -> dict:
+    """``heads`` of the shape's heads (its heads per group kept; 0: all of them)."""
+    all_heads, head_dim, d_state, groups = SHAPES[shape]
+    per_group = all_heads // groups
+    heads = heads or all_heads
+    groups = max(1, heads // per_group)
     per_group = heads // groups
+    seq, layer = inputs(heads, head_dim, d_state, groups, batch, steps, seed, device)
     state = torch.zeros(batch, heads, head_dim, d_state, dtype=FORMATS[fmt], device=device)
+    scale = None
+    if fmt == "int8":
+        scale = torch.zeros(batch, heads, head_dim, dtype=torch.float32, device=device)
     ref = torch.zeros(batch, heads, head_dim, d_state, dtype=torch.float64, device=device)
     A32, D32, bias32 = (layer[k].float() for k in ("A", "D", "dt_bias"))
     curve = []
     for t in range(steps):
         x, dt, B, C = (seq[k][t] for k in ("x", "dt", "B", "C"))
         y = selective_state_update(
-            state, x.float(), dt.float(), A32, B.float(), C.float(), D32, bias32
-        )
+            state, x.float(), dt.float(), A32, B.float(), C.float(), D32, bias32,
+            state_scale=scale,
+        )  # fmt: skip
         dt_f = torch.nn.functional.softplus(dt + layer["dt_bias"])
         Bh = B.repeat_interleave(per_group, dim=1)
         Ch = C.repeat_interleave(per_group, dim=1)
@@ -98,7 +113,8 @@ def drift(shape: str, fmt: str, batch: int, steps: int, every: int, device: str,
         )
         if (t + 1) % every == 0 or t == 0:
             y_ref = (ref * Ch[:, :, None, :]).sum(-1) + layer["D"][:, None] * x
-            err = state.double() - ref
+            stored = state.double() if scale is None else dequantize(state, scale.double())
+            err = stored - ref
             curve.append(
                 dict(
                     step=t + 1,
@@ -118,6 +134,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4096)
     ap.add_argument("--every", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heads", type=int, default=0, help="of each shape's heads (0: all)")
     ap.add_argument("--output", type=Path)
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
@@ -128,7 +145,9 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for fmt in args.formats.split(","):
             t0 = time.perf_counter()
-            row = drift(shape, fmt, args.batch, args.steps, args.every, device, args.seed)
+            row = drift(
+                shape, fmt, args.batch, args.steps, args.every, device, args.seed, args.heads
+            )
             last = row["curve"][-1]
             print(
                 f"{shape} {fmt}: after {last['step']} steps state err {last['state_rel_err']:.2e}, "
@@ -145,7 +164,8 @@ def main() -> None:
             batch=args.batch,
             steps=args.steps,
             seed=args.seed,
-            kernel="triton" if gpu else "reference (CPU)",
+            heads=args.heads or "all",
+            kernel="triton" if use_triton(torch.empty(0, device=device)) else "CPU path",
         ),
         rows=rows,
     )
