@@ -35,7 +35,9 @@ ACTIVATION_PTRS = ("x_ptr", "dt_ptr", "B_ptr", "C_ptr", "z_ptr", "out_ptr")
 UNIT_STRIDES = ("x_d", "z_d", "o_d", "B_n", "C_n", "dt_h", "sc_dim")
 
 
-def compile_sass(block_m: int, num_warps: int, state_dtype: str, head_dim: int) -> tuple:
+def compile_sass(
+    block_m: int, num_warps: int, tiles: int, state_dtype: str, head_dim: int
+) -> tuple:
     """(cuobjdump -sass text, its -res-usage text) of one launch config."""
     kernel = _selective_state_update_kernel
     names = kernel.arg_names
@@ -46,7 +48,8 @@ def compile_sass(block_m: int, num_warps: int, state_dtype: str, head_dim: int) 
         HAS_SLOTS=True,
         BLOCK_M=block_m,
         BLOCK_N=128,
-        PER_HEAD=takes_per_head_values(state_dtype == "i8", head_dim, block_m),
+        TILES=tiles,
+        PER_HEAD=takes_per_head_values(state_dtype == "i8", head_dim, block_m * tiles),
         FLOOR_BY_ADD=True,
     )
     constexprs.update({name: 1 for name in UNIT_STRIDES})
@@ -69,7 +72,7 @@ def compile_sass(block_m: int, num_warps: int, state_dtype: str, head_dim: int) 
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)
     )
-    cubin = Path("/tmp") / f"ssu-{block_m}x{num_warps}-{state_dtype}-{head_dim}.cubin"
+    cubin = Path("/tmp") / f"ssu-{block_m}x{num_warps}x{tiles}-{state_dtype}-{head_dim}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
 
     def dump(flag: str) -> str:
@@ -83,7 +86,7 @@ def summarize(sass: str, resources: str) -> dict:
     ops = [
         line.split("*/", 1)[1]
         for line in sass.splitlines()
-        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)
+        if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)
     ]
     state_loads = [i for i, op in enumerate(ops) if "LDG.E.128" in op]
     state_stores = [i for i, op in enumerate(ops) if "STG.E.128" in op]
@@ -102,23 +105,29 @@ def summarize(sass: str, resources: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default="16x1,32x1,64x2,16x4", help="BLOCK_MxNUM_WARPS,...")
+    ap.add_argument(
+        "--configs", default="16x1,32x1,64x2,16x4", help="BLOCK_MxNUM_WARPS[xTILES],..."
+    )
     ap.add_argument("--state-dtypes", default="bf16,fp32")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dump", type=Path, help="also write each config's SASS here")
     args = ap.parse_args()
     print(f"triton {triton.__version__}, sm_90, head_dim {args.head_dim}, d_state 128, gated")
-    print("config  state  regs  instr  LDG  STG  BAR  before 1st state load  last load->1st store")
+    print(
+        "config   state  regs  instr  per tile  LDG  STG  BAR  before 1st state load"
+        "  last load->1st store"
+    )
     for config in args.configs.split(","):
-        block_m, num_warps = (int(v) for v in config.split("x"))
+        block_m, num_warps, tiles = (int(v) for v in (config + "x1").split("x")[:3])
         for state_dtype in args.state_dtypes.split(","):
-            sass, resources = compile_sass(block_m, num_warps, state_dtype, args.head_dim)
+            sass, resources = compile_sass(block_m, num_warps, tiles, state_dtype, args.head_dim)
             if args.dump:
                 args.dump.mkdir(parents=True, exist_ok=True)
                 (args.dump / f"ssu-{config}-{state_dtype}.sass").write_text(sass)
             r = summarize(sass, resources)
             print(
-                f"{config:7s} {state_dtype:5s} {r['registers']:5d} {r['instructions']:6d} "
+                f"{config:8s} {state_dtype:5s} {r['registers']:5d} {r['instructions']:6d} "
+                f"{r['instructions'] / tiles:9.0f} "
                 f"{r['LDG']:4d} {r['STG']:4d} {r['BAR']:4d} {r['before_first_state_load']!s:>21s} "
                 f"{r['loads_to_stores']!s:>21s}"
             )

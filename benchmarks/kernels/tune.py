@@ -1,6 +1,6 @@
-"""Launch-config sweeps of the state update and the fused decode tail (BLOCK_M, num_warps)
-and of the conv update (BLOCK_D, num_warps) per shape, state dtype and batch, on the GPU;
-and the per-device launch tables derived from a sweep.
+"""Launch-config sweeps of the state update (BLOCK_M, num_warps, tiles per program), the
+fused decode tail (BLOCK_M, num_warps) and the conv update (BLOCK_D, num_warps) per shape,
+state dtype and batch, on the GPU; and the per-device launch tables derived from a sweep.
 
     python benchmarks/kernels/tune.py [--kernels K,..] [--quick]      # writes the sweep
     python benchmarks/kernels/tune.py --tables SWEEP [--write DEVICE] # prints / writes tables
@@ -29,6 +29,7 @@ TUNABLE = (
     "mamba2_decode",
 )
 FUSED_TUNE_MAX = 32  # the fused tail runs at small batches only (its device table's limit)
+MAX_TILES = 10  # a program's tiles are an unrolled loop: its compile time grows with them
 
 
 def best_config(label: str, configs, make_call, nbytes: int, rows: list, out: Path, **key) -> None:
@@ -44,6 +45,19 @@ def best_config(label: str, configs, make_call, nbytes: int, rows: list, out: Pa
     us, cfg = min(timed)
     print(f"tune {label} best {cfg} {us:8.2f}us", flush=True)
     out.write_text(json.dumps(rows, indent=1))
+
+
+def programs_of_tiles(head_dim: int, tiles: list[int]) -> list[tuple[int, int, int]]:
+    """State-update configs (BLOCK_M, num_warps, TILES) whose programs advance several tiles
+    of one head, at 1 or 2 warps: the per-program work (B, C, a head's dt, A, D) is done once
+    for TILES tiles, and the next tile loads while one is computed."""
+    return [
+        (bm, w, t)
+        for bm in tiles
+        for t in range(2, min(head_dim // bm, MAX_TILES) + 1)
+        if head_dim % (bm * t) == 0
+        for w in (1, 2)
+    ]
 
 
 def sweep(models, quick: bool, kernels, batches, state_dtypes, out: Path) -> list:
@@ -77,6 +91,7 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes, out: Path) -> lis
                 call = lambda cfg: dsu.ours(dsu.inputs(shape, batch, sdt), cfg)  # noqa: E731
                 nbytes = int(dsu.nbytes(shape, batch, sdt))
             elif kernel == "selective_state_update":
+                cfgs = [(bm, w, 1) for bm, w in cfgs] + programs_of_tiles(shape.head_dim, tiles)
                 call = lambda cfg: ssu.ours(ssu.inputs(shape, batch, sdt), cfg)  # noqa: E731
                 nbytes = ssu.nbytes(shape, batch, sdt, True)
             else:
@@ -131,6 +146,7 @@ def tuned_tables(rows: list) -> dict:
             best = min(
                 common, key=lambda c: sum(run[c] / min(run.values()) for run in runs) / len(runs)
             )
+            best = best[:2] if best[2:] == (1,) else best  # one tile a program: the default
             if table and table[-1][1:] == best:
                 table.pop()
             table.append((point, *best))

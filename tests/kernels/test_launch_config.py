@@ -5,6 +5,7 @@ here, not on the user's GPU."""
 import json
 
 import pytest
+import torch
 
 from vllm_nemotron_h.ops import launch_config
 
@@ -19,15 +20,19 @@ def is_power_of_two(n: object) -> bool:
     return isinstance(n, int) and n > 0 and n & (n - 1) == 0
 
 
-def check_rows(where: str, rows: list) -> None:
-    """[limit, tile, num_warps] rows: limits increasing, the last open (null), tiles powers of
-    two, warps a count Triton launches."""
+def check_rows(where: str, rows: list, tiles_per_program: bool = False) -> None:
+    """[limit, tile, num_warps] rows (the state update's may add tiles per program, >= 1):
+    limits increasing, the last open (null), tiles powers of two, warps a count Triton
+    launches."""
     assert rows, f"{where}: no rows"
     limits = [row[0] for row in rows]
     assert limits[-1] is None, f"{where}: the last row must be open-ended (null), got {limits}"
     assert None not in limits[:-1], f"{where}: only the last row may be open-ended: {limits}"
     assert limits[:-1] == sorted(set(limits[:-1])), f"{where}: limits not increasing: {limits}"
     for row in rows:
+        if tiles_per_program and len(row) == 4:
+            assert isinstance(row[3], int) and row[3] >= 1, f"{where}: row {row}: tiles < 1"
+            row = row[:3]
         assert len(row) == 3, f"{where}: row {row} is not [limit, tile, num_warps]"
         _, tile, warps = row
         assert is_power_of_two(tile), f"{where}: tile {tile} is not a power of two"
@@ -51,8 +56,22 @@ def test_table_file_is_well_formed(path):
             head_dim, d_state, state_bytes = (int(v) for v in key.split(","))
             assert head_dim > 0 and d_state > 0, f"{kernel} {key}"
             assert state_bytes in (1, 2, 4), f"{kernel} {key}: state bytes {state_bytes}"
-            check_rows(f"{path.name} {kernel} {key}", rows)
+            check_rows(f"{path.name} {kernel} {key}", rows, kernel == "selective_state_update")
     if "causal_conv1d_update" in data:
         check_rows(f"{path.name} causal_conv1d_update", data["causal_conv1d_update"])
     fused_max = data.get("mamba2_decode_fused_max_batch_heads")
     assert fused_max is None or (isinstance(fused_max, int) and fused_max >= 0)
+
+
+def test_state_update_rows_carry_tiles_per_program():
+    """A state-update row's fourth value is the tiles a program advances; a program's rows
+    (tile x tiles) are cut back to divide the rows of a group, and a row without it is one
+    tile a program."""
+    config = launch_config.plane_tile_config
+    rows = {"64,128,1": [[128, 32, 8], [None, 32, 1, 2]]}
+    cpu = torch.device("cpu")
+    with launch_config.overridden("selective_state_update", rows):
+        assert config("selective_state_update", cpu, 64, 128, torch.int8, 128, 1024) == (32, 8, 1)
+        assert config("selective_state_update", cpu, 64, 128, torch.int8, 4096, 1024) == (32, 1, 2)
+        assert config("selective_state_update", cpu, 64, 128, torch.int8, 4096, 32) == (32, 1, 1)
+        assert config("selective_state_update", cpu, 64, 128, torch.int8, 4096, 48) == (16, 1, 1)

@@ -65,9 +65,40 @@ def test_every_tile_size(device, block_m):
             check(device, shape, 5, torch.float32, act, True, True, config=(block_m, 2))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_programs_of_several_tiles(device, state_dtype):
+    """Programs that advance several tiles, loading the next while computing one: inside
+    one head (int8 takes the head's dt, A and D once) and across heads (head_dim 80)."""
+    act = torch.bfloat16 if device == "cuda" else torch.float32
+    cases = (
+        [((4, 32, 16, 2), (8, 1, 4)), ((4, 80, 16, 2), (16, 2, 5)), ((4, 80, 16, 2), (32, 1, 5))]
+        if device == "cpu"
+        else [((128, 64, 128, 8), (8, 1, 8)), ((128, 80, 128, 8), (16, 1, 5)),
+              ((128, 80, 128, 8), (32, 1, 2)), ((128, 64, 128, 8), (4, 1, 16))]
+    )  # fmt: skip
+    for shape, config in cases:
+        for batch in (3,) if device == "cpu" else (1, 64):
+            if state_dtype == torch.int8:
+                check_int8(device, *int8_inputs(device, batch, shape, act), config=config)
+            else:
+                check(device, shape, batch, state_dtype, act, True, True, config=config)
+
+
+def test_bad_configs_raise():
+    t = make_inputs("cpu", 2, (4, 80, 16, 2), torch.float32, torch.float32, True, False)
+    for config, message in [
+        ((16, 1, 3), "BLOCK_M x TILES = 48 must divide"),
+        ((16,), "must be \\(BLOCK_M, num_warps\\[, TILES\\]\\)"),
+        ((16, 1, 0), "each >= 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            selective_state_update(**t, null_slot=0, config=config)
+
+
 def test_tile_spanning_two_groups_raises():
     t = make_inputs("cpu", 2, (4, 80, 16, 2), torch.float32, torch.float32, True, False)
-    with pytest.raises(ValueError, match="BLOCK_M=64 must divide"):
+    with pytest.raises(ValueError, match="BLOCK_M x TILES = 64 must divide"):
         selective_state_update(**t, null_slot=0, config=(64, 1))
 
 

@@ -21,7 +21,8 @@ import torch
 import triton
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
-# Rows of a table: [max batch x heads (or x channels) or None for no limit, tile, num_warps].
+# Rows of a table: [max batch x heads (or x channels) or None for no limit, tile, num_warps]; a
+# state update's rows may add how many tiles one program advances (1 if absent).
 Rows = list[list[int | None]]
 
 _overrides: dict[str, Any] = {}
@@ -79,11 +80,11 @@ def clear_caches() -> None:
         fn.cache_clear()
 
 
-def first_fit(rows: Rows | None, size: int) -> tuple[int, int] | None:
-    """(tile, num_warps) of the first row whose limit admits ``size``."""
-    for limit, tile, warps in rows or []:
+def first_fit(rows: Rows | None, size: int) -> tuple[int, ...] | None:
+    """The config (tile, num_warps[, tiles]) of the first row whose limit admits ``size``."""
+    for limit, *config in rows or []:
         if limit is None or size <= limit:
-            return tile, warps
+            return tuple(config)
     return None
 
 
@@ -112,23 +113,32 @@ def plane_tile_config(
     state_dtype: torch.dtype,
     batch_heads: int,
     group_rows: int,
-) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) of a kernel tiling the (head, row) plane of the state, from the
-    table ``name`` keyed by "head_dim,d_state,state bytes"; untuned shapes aim for about
-    8 KB of state per program (bytes in flight per SM, and enough programs)."""
+) -> tuple[int, int, int]:
+    """(BLOCK_M, num_warps, tiles per program) of a kernel tiling the (head, row) plane of
+    the state, from the table ``name`` keyed by "head_dim,d_state,state bytes"; untuned
+    shapes aim for about 8 KB of state per program (bytes in flight per SM, and enough
+    programs), one tile each. A program's rows never span two groups."""
     rows = state_rows(name, device, head_dim, d_state, state_dtype)
     block_n = triton.next_power_of_2(d_state)
-    block_m, warps = first_fit(rows, batch_heads) or (
+    block_m, warps, *more = first_fit(rows, batch_heads) or (
         max(4, min(64, 8192 // (block_n * state_dtype.itemsize))),
         4,
     )
-    return largest_tile(block_m, group_rows), warps
+    block_m = largest_tile(block_m, group_rows)
+    tiles = more[0] if more else 1
+    while group_rows % (block_m * tiles):
+        tiles -= 1
+    return block_m, warps, tiles
 
 
 def write_device_file(device_name: str, tables: dict[str, Any], how: str) -> Path:
     """Writes ``tables`` as ``device_name``'s file (benchmarks/kernels/tune.py), a row per line."""
     path = device_file(device_name)
     text = json.dumps({"device": device_name, "how": how, **tables}, indent=1)
-    text = re.sub(r"\[\s+(null|\d+),\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2, \3]", text)
+    text = re.sub(
+        r"\[\s+(null|\d+),\s+(\d+),\s+(\d+)(?:,\s+(\d+))?\s+\]",
+        lambda m: "[" + ", ".join(v for v in m.groups() if v is not None) + "]",
+        text,
+    )
     path.write_text(text + "\n")
     return path

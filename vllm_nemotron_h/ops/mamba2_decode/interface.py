@@ -104,8 +104,9 @@ class DecodeShape:
     def conv_dim(self) -> int:
         return self.nheads * self.head_dim + 2 * self.ngroups * self.d_state
 
-    def tile_config(self, kernel: str, batch_heads: int) -> tuple[int, int]:
-        """(BLOCK_M, num_warps) of ``kernel``'s (head, row) tiles, from the device's table."""
+    def tile_config(self, kernel: str, batch_heads: int) -> tuple[int, int, int]:
+        """(BLOCK_M, num_warps, tiles per program) of ``kernel``'s (head, row) tiles, from the
+        device's table."""
         return configs.plane_tile_config(
             kernel, self.device, self.head_dim, self.d_state, self.state_dtype, batch_heads,
             self.group_rows,
@@ -119,7 +120,8 @@ class DecodeLaunch:
     fused: bool
     fused_config: tuple[int, int]  # (BLOCK_M, num_warps) of the fused kernel
     conv_config: tuple[int, int]  # (BLOCK_D, num_warps) of the conv kernel
-    ssu_config: tuple[int, int]  # (BLOCK_M, num_warps) of the (deferred) state-update kernel
+    # (BLOCK_M, num_warps[, tiles per program]) of the (deferred) state-update kernel
+    ssu_config: tuple[int, ...]
 
     def workspace_needs(self, shape: DecodeShape, batch: int) -> tuple[int, int]:
         """(counters, partial sums) the fused launch needs at ``batch``."""
@@ -137,7 +139,7 @@ def _fused_tile_fits(shape: DecodeShape, block_m: int) -> bool:
 def resolve_launch(shape: DecodeShape, batch: int) -> DecodeLaunch:
     """The device table's choice for ``batch`` sequences."""
     batch_heads = batch * shape.nheads
-    fused_config = shape.tile_config("mamba2_decode", batch_heads)
+    fused_config = shape.tile_config("mamba2_decode", batch_heads)[:2]  # one tile a program
     fused_max = configs.table("mamba2_decode_fused_max_batch_heads", shape.device)
     fused_max = DEFAULT_FUSED_MAX_BATCH_HEADS if fused_max is None else fused_max
     fused = _fused_tile_fits(shape, fused_config[0]) and batch_heads <= fused_max

@@ -156,11 +156,12 @@ def launch(
     layer: DecodeLayer,
     step: SpeculativeStep,
     conv_config: tuple[int, int],
-    ssu_config: tuple[int, int],
+    ssu_config: tuple[int, ...],
 ) -> torch.Tensor:
     """Launches the conv, state-update and (with ``layer.norm_weight``) group-norm kernels
     (``step.out`` given); no argument checks (the interface and the decode plan check).
-    ``conv_config`` = (BLOCK_D, num_warps), ``ssu_config`` = (BLOCK_M, num_warps)."""
+    ``conv_config`` = (BLOCK_D, num_warps), ``ssu_config`` = (BLOCK_M, num_warps[, tiles]):
+    the token loop runs one tile a program, whatever the plain update's tiles."""
     xbc, out, slots = step.xbc, step.out, step.state_slots
     rows = step.rows
     if rows == 0 or xbc.shape[0] == 0:
@@ -182,7 +183,7 @@ def launch(
     z, y = step.z.view(x.shape), out.view(x.shape)
     dt = step.dt
     scale = layer.ssm_scale if layer.ssm_scale is not None else layer.A.view(1, 1, -1)
-    block_m, ssu_warps = ssu_config
+    block_m, ssu_warps = ssu_config[:2]
     _speculative_state_update_kernel[(nheads * head_dim // block_m, rows)](
         state, x, dt, layer.A, B, C, layer.D, layer.dt_bias, z, y, slots, step.query_start,
         step.num_accepted, scale, layer.null_slot, d_state, nheads // B.shape[1] * head_dim,

@@ -47,8 +47,8 @@ from vllm_nemotron_h.ops.support import (
     use_triton,
 )
 
-# (BLOCK_M, num_warps) of one launch from the device's table: launch_config(device, head_dim,
-# d_state, state_dtype, batch x heads, rows per group).
+# (BLOCK_M, num_warps, tiles per program) of one launch from the device's table:
+# launch_config(device, head_dim, d_state, state_dtype, batch x heads, rows per group).
 launch_config = functools.partial(configs.plane_tile_config, "selective_state_update")
 
 
@@ -117,25 +117,38 @@ def selective_state_update(
     state_slots: torch.Tensor | None = None,
     null_slot: int = -1,
     out: torch.Tensor | None = None,
-    config: tuple[int, int] | None = None,
+    config: tuple[int, ...] | None = None,
     state_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advances ``state`` by one token in place and returns ``out`` (see module doc).
-    ``config`` = (BLOCK_M, num_warps) overrides the device's launch table; ``state_scale``
-    holds the per-row scales of an int8 ``state`` (updated in place with it)."""
+    ``config`` = (BLOCK_M, num_warps[, TILES]) overrides the device's launch table: each
+    program advances TILES tiles of BLOCK_M rows (1 if not given), loading the next tile
+    while it computes one. ``state_scale`` holds the per-row scales of an int8 ``state``
+    (updated in place with it)."""
     step = StateUpdateStep(x, dt, A, B, C, D, dt_bias, z, state_slots, null_slot, out)
     check(state, step, state_scale)
     batch, nheads, head_dim = x.shape
     group_rows = nheads // B.shape[1] * head_dim
-    if config is not None and group_rows % config[0]:
-        raise ValueError(
-            f"config BLOCK_M={config[0]} must divide heads per group x head_dim = {group_rows}"
-        )
+    if config is not None:
+        check_config(config, group_rows)
     if out is None:
         step.out = torch.empty_like(x)
     if not use_triton(x):
         return selective_state_update_cpu(state, state_scale, step)
-    block_m, num_warps = config or launch_config(
+    config = config or launch_config(
         x.device, head_dim, state.shape[-1], state.dtype, batch * nheads, group_rows
     )
-    return kernel.launch(state, state_scale, step, block_m, num_warps)
+    return kernel.launch(state, state_scale, step, *config)
+
+
+def check_config(config: tuple[int, ...], group_rows: int) -> None:
+    """Raises ValueError unless ``config`` is (BLOCK_M, num_warps[, TILES]) with a program's
+    BLOCK_M x TILES rows inside one group."""
+    if len(config) not in (2, 3) or min(config) < 1:
+        raise ValueError(f"config={config} must be (BLOCK_M, num_warps[, TILES]), each >= 1")
+    block_m, _, *tiles = config
+    rows = block_m * (tiles[0] if tiles else 1)
+    if group_rows % rows:
+        raise ValueError(
+            f"config BLOCK_M x TILES = {rows} must divide heads per group x head_dim = {group_rows}"
+        )

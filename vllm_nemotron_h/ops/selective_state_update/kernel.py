@@ -1,15 +1,17 @@
 """The Triton kernel of the selective state update and its launch (no checks): see
 interface.py for the math, shapes and supported ranges.
 
-One Triton program owns BLOCK_M consecutive rows of the (head, row) plane of one sequence:
-a block may span several heads (head_dim 80 takes 32- or 64-row tiles without masked rows)
-but never two groups, so B and C are loaded once per program. Each program reads its state
-tile once and writes it once: the kernel moves the minimum number of bytes. An int8 state
+One Triton program owns TILES x BLOCK_M consecutive rows of the (head, row) plane of one
+sequence, advanced one tile of BLOCK_M rows at a time: the next tile's state is loaded while
+one is computed, and B, C (and, for an int8 state inside one head, that head's dt, A and D)
+are loaded once for all of them. A program may span several heads (head_dim 80 takes 32- or
+64-row tiles without masked rows) but never two groups. Each program reads its state tiles
+once and writes them once: the kernel moves the minimum number of bytes. An int8 state
 (QUANTIZED) is read with its per-row scales, advanced in fp32 and written back with new
 scales from the tile in registers: one pass still. The int8 update is bound by instruction
-issue rather than bytes, so it advances the rows in the old rows' units
-(quantized_state_step) and loads a head's dt, A and D once per program where the tile lies in
-one head (PER_HEAD); the float formats, bound by their bytes, take the direct form.
+issue and latency rather than bytes, so it advances the rows in the old rows' units
+(quantized_state_step) and loads a head's dt, A and D once per program where the program lies
+in one head (PER_HEAD); the float formats, bound by their bytes, take the direct form.
 """
 
 from __future__ import annotations
@@ -27,6 +29,16 @@ from vllm_nemotron_h.ops.triton_helpers import (
     store_quantized_step,
     store_state_tile,
 )
+
+
+@triton.jit
+def tile_rows(rows, h, p, t, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PER_HEAD: tl.constexpr):
+    """Head and row of tile ``t`` of a program whose first tile's rows are ``rows`` (head
+    ``h``, row ``p``): within one head (PER_HEAD) the rows move on by t x BLOCK_M."""
+    if PER_HEAD:
+        return h, p + t * BLOCK_M
+    rows = rows + t * BLOCK_M
+    return (rows // HEAD_DIM).to(tl.int64), rows % HEAD_DIM
 
 
 @triton.jit
@@ -75,51 +87,68 @@ def _selective_state_update_kernel(
     HAS_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
     PER_HEAD: tl.constexpr,
     FLOOR_BY_ADD: tl.constexpr,
 ):
-    first_row = tl.program_id(0) * BLOCK_M
+    first_row = tl.program_id(0) * (BLOCK_M * TILES)
     b = tl.program_id(1).to(tl.int64)
-    g = first_row // group_rows  # BLOCK_M divides group_rows: one group per program
+    g = first_row // group_rows  # BLOCK_M x TILES divides group_rows: one group per program
     slot, rows, h, p, cols, col_ok, live, tile_ok = plane_tile(
         slots_ptr, b, first_row, null_slot, d_state, HEAD_DIM, HAS_SLOTS, BLOCK_M, BLOCK_N
     )
-
+    state_base = state_ptr + slot * s_slot + cols[None, :]
+    scale_base = scale_ptr + slot * sc_slot
     # Issue every load before the arithmetic that needs it.
-    row_offsets = h * s_head + p * s_dim
-    state_ptrs = state_ptr + slot * s_slot + row_offsets[:, None] + cols[None, :]
-    scale_ptrs = scale_ptr + slot * sc_slot + h * sc_head + p * sc_dim
-    s, row_scale = load_state_tile(state_ptrs, scale_ptrs, tile_ok, live, QUANTIZED)
-    x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
+    s_next, scale_next = load_state_tile(
+        state_base + (h * s_head + p * s_dim)[:, None],
+        scale_base + h * sc_head + p * sc_dim,
+        tile_ok, live, QUANTIZED,
+    )  # fmt: skip
     Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
-    if HAS_Z:
-        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
-    head = h  # per row
-    if PER_HEAD:  # the tile lies in one head: its values once (scalars)
+    if PER_HEAD:  # the program lies in one head: its values once (scalars)
         head = first_row // HEAD_DIM
-    dt = tl.load(dt_ptr + b * dt_b + head * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + head)
-    A = tl.load(A_ptr + head)
-    D = tl.load(D_ptr + head)
+        dt = tl.load(dt_ptr + b * dt_b + head * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + head)
+        A = tl.load(A_ptr + head)
+        D = tl.load(D_ptr + head)
+    for t in tl.static_range(TILES):
+        s, row_scale = s_next, scale_next
+        if t + 1 < TILES:  # the next tile's state in flight while this one is computed
+            hn, pn = tile_rows(rows, h, p, t + 1, HEAD_DIM, BLOCK_M, PER_HEAD)
+            s_next, scale_next = load_state_tile(
+                state_base + (hn * s_head + pn * s_dim)[:, None],
+                scale_base + hn * sc_head + pn * sc_dim,
+                tile_ok, live, QUANTIZED,
+            )  # fmt: skip
+        ht, pt = tile_rows(rows, h, p, t, HEAD_DIM, BLOCK_M, PER_HEAD)
+        x = tl.load(x_ptr + b * x_b + ht * x_h + pt * x_d).to(tl.float32)
+        if HAS_Z:
+            z = tl.load(z_ptr + b * z_b + ht * z_h + pt * z_d).to(tl.float32)
+        if not PER_HEAD:
+            dt = tl.load(dt_ptr + b * dt_b + ht * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + ht)
+            A = tl.load(A_ptr + ht)
+            D = tl.load(D_ptr + ht)
+        tile_ptrs = state_base + (ht * s_head + pt * s_dim)[:, None]
+        tile_scales = scale_base + ht * sc_head + pt * sc_dim
+        if QUANTIZED:
+            u, f = quantized_state_step(s, row_scale, x, Bv, dt, A)
+            store_quantized_step(tile_ptrs, tile_scales, u, f, tile_ok, live, FLOOR_BY_ADD)
+            y = f * tl.sum(u * Cv[None, :], axis=1) + D * x
+        else:
+            s = state_step(s, row_scale, x, Bv, dt, A)
+            store_state_tile(tile_ptrs, tile_scales, s, tile_ok, live, QUANTIZED)
+            y = tl.sum(s * Cv[None, :], axis=1) + D * x
+        if HAS_Z:
+            y = y * z * tl.sigmoid(z)
+        y = tl.where(live, y, 0.0)
+        tl.store(out_ptr + b * o_b + ht * o_h + pt * o_d, y.to(out_ptr.dtype.element_ty))
 
-    if QUANTIZED:
-        u, f = quantized_state_step(s, row_scale, x, Bv, dt, A)
-        store_quantized_step(state_ptrs, scale_ptrs, u, f, tile_ok, live, FLOOR_BY_ADD)
-        y = f * tl.sum(u * Cv[None, :], axis=1) + D * x
-    else:
-        s = state_step(s, row_scale, x, Bv, dt, A)
-        store_state_tile(state_ptrs, scale_ptrs, s, tile_ok, live, QUANTIZED)
-        y = tl.sum(s * Cv[None, :], axis=1) + D * x
-    if HAS_Z:
-        y = y * z * tl.sigmoid(z)
-    y = tl.where(live, y, 0.0)
-    tl.store(out_ptr + b * o_b + h * o_h + p * o_d, y.to(out_ptr.dtype.element_ty))
 
-
-def takes_per_head_values(quantized: bool, head_dim: int, block_m: int) -> bool:
+def takes_per_head_values(quantized: bool, head_dim: int, program_rows: int) -> bool:
     """Whether a program loads its head's dt, A and D once (PER_HEAD): an int8 state (bound
-    by instruction issue) whose tiles each lie in one head."""
-    return quantized and head_dim % block_m == 0
+    by instruction issue) whose programs' rows (BLOCK_M x TILES) each lie in one head."""
+    return quantized and head_dim % program_rows == 0
 
 
 def launch(
@@ -128,9 +157,11 @@ def launch(
     step: StateUpdateStep,
     block_m: int,
     num_warps: int,
+    tiles: int = 1,
 ) -> torch.Tensor:
-    """Launches the kernel (``step.out`` given); no argument checks (the interface and the
-    decode plan check). ``state_scale`` holds the per-row scales of an int8 ``state``."""
+    """Launches the kernel (``step.out`` given), each program advancing ``tiles`` tiles of
+    ``block_m`` rows; no argument checks (the interface and the decode plan check).
+    ``state_scale`` holds the per-row scales of an int8 ``state``."""
     x, z, out = step.x, step.z, step.out
     batch, nheads, head_dim = x.shape
     if batch == 0:
@@ -139,7 +170,8 @@ def launch(
     zz = z if z is not None else x
     scale = state_scale if state_scale is not None else step.A.view(1, 1, -1)
     slots = step.state_slots
-    _selective_state_update_kernel[(nheads * head_dim // block_m, batch)](
+    per_head = takes_per_head_values(state_scale is not None, head_dim, block_m * tiles)
+    _selective_state_update_kernel[(nheads * head_dim // (block_m * tiles), batch)](
         state, x, step.dt, step.A, step.B, step.C, step.D, step.dt_bias, zz, out,
         slots if slots is not None else x, scale,
         step.null_slot, d_state, nheads // step.B.shape[1] * head_dim,
@@ -147,7 +179,7 @@ def launch(
         *zz.stride(), *out.stride(), *scale.stride(),
         HEAD_DIM=head_dim, QUANTIZED=state_scale is not None, HAS_Z=z is not None,
         HAS_SLOTS=slots is not None, BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state),
-        PER_HEAD=takes_per_head_values(state_scale is not None, head_dim, block_m),
+        TILES=tiles, PER_HEAD=per_head,
         FLOOR_BY_ADD=state.is_cuda, num_warps=num_warps,
     )  # fmt: skip
     return out
