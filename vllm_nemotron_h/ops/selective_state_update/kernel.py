@@ -2,16 +2,17 @@
 interface.py for the math, shapes and supported ranges.
 
 One Triton program owns TILES x BLOCK_M consecutive rows of the (head, row) plane of one
-sequence, advanced one tile of BLOCK_M rows at a time: the next tile's state is loaded while
-one is computed, and B, C (and, for an int8 state inside one head, that head's dt, A and D)
-are loaded once for all of them. A program may span several heads (head_dim 80 takes 32- or
-64-row tiles without masked rows) but never two groups. Each program reads its state tiles
-once and writes them once: the kernel moves the minimum number of bytes. An int8 state
-(QUANTIZED) is read with its per-row scales, advanced in fp32 and written back with new
-scales from the tile in registers: one pass still. The int8 update is bound by instruction
-issue and latency rather than bytes, so it advances the rows in the old rows' units
-(quantized_state_step) and loads a head's dt, A and D once per program where the program lies
-in one head (PER_HEAD); the float formats, bound by their bytes, take the direct form.
+sequence, advanced one tile of BLOCK_M rows at a time in a software-pipelined loop (the next
+tiles' state is copied in while one is computed); B, C (and, for an int8 state inside one
+head, that head's dt, A and D) are loaded once for all of them. A program may span several
+heads (head_dim 80 takes 32- or 64-row tiles without masked rows) but never two groups. Each
+program reads its state tiles once and writes them once: the kernel moves the minimum number
+of bytes. An int8 state (QUANTIZED) is read with its per-row scales, advanced in fp32 and
+written back with new scales from the tile in registers: one pass still. The int8 update is
+bound by instruction issue and latency rather than bytes, so it advances the rows in the old
+rows' units (quantized_state_step) and loads a head's dt, A and D once per program where the
+program lies in one head (PER_HEAD); the float formats, bound by their bytes, take the direct
+form.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from vllm_nemotron_h.ops.triton_helpers import (
     store_quantized_step,
     store_state_tile,
 )
+
+# Tiles in flight in a program of several (the loop's stages): 3 was the best or within 2 % of
+# it for the int8 state at batch >= 32 on the H200 (benchmarks/NOTES.md).
+PIPELINE_STAGES = tl.constexpr(3)
 
 
 @triton.jit
@@ -99,12 +104,12 @@ def _selective_state_update_kernel(
     )
     state_base = state_ptr + slot * s_slot + cols[None, :]
     scale_base = scale_ptr + slot * sc_slot
-    # Issue every load before the arithmetic that needs it.
-    s_next, scale_next = load_state_tile(
-        state_base + (h * s_head + p * s_dim)[:, None],
-        scale_base + h * sc_head + p * sc_dim,
-        tile_ok, live, QUANTIZED,
-    )  # fmt: skip
+    if TILES == 1:  # issue every load before the arithmetic that needs it
+        s, row_scale = load_state_tile(
+            state_base + (h * s_head + p * s_dim)[:, None],
+            scale_base + h * sc_head + p * sc_dim,
+            tile_ok, live, QUANTIZED,
+        )  # fmt: skip
     Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
     Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
     if PER_HEAD:  # the program lies in one head: its values once (scalars)
@@ -112,16 +117,16 @@ def _selective_state_update_kernel(
         dt = tl.load(dt_ptr + b * dt_b + head * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + head)
         A = tl.load(A_ptr + head)
         D = tl.load(D_ptr + head)
-    for t in tl.static_range(TILES):
-        s, row_scale = s_next, scale_next
-        if t + 1 < TILES:  # the next tile's state in flight while this one is computed
-            hn, pn = tile_rows(rows, h, p, t + 1, HEAD_DIM, BLOCK_M, PER_HEAD)
-            s_next, scale_next = load_state_tile(
-                state_base + (hn * s_head + pn * s_dim)[:, None],
-                scale_base + hn * sc_head + pn * sc_dim,
+    # Several tiles: a software-pipelined loop, the next tiles' state and scales copied into
+    # shared memory (cp.async) while one is computed.
+    for t in tl.range(0, TILES, num_stages=1 if TILES == 1 else PIPELINE_STAGES):
+        ht, pt = tile_rows(rows, h, p, t, HEAD_DIM, BLOCK_M, PER_HEAD)
+        if TILES > 1:
+            s, row_scale = load_state_tile(
+                state_base + (ht * s_head + pt * s_dim)[:, None],
+                scale_base + ht * sc_head + pt * sc_dim,
                 tile_ok, live, QUANTIZED,
             )  # fmt: skip
-        ht, pt = tile_rows(rows, h, p, t, HEAD_DIM, BLOCK_M, PER_HEAD)
         x = tl.load(x_ptr + b * x_b + ht * x_h + pt * x_d).to(tl.float32)
         if HAS_Z:
             z = tl.load(z_ptr + b * z_b + ht * z_h + pt * z_d).to(tl.float32)
@@ -136,9 +141,9 @@ def _selective_state_update_kernel(
             store_quantized_step(tile_ptrs, tile_scales, u, f, tile_ok, live, FLOOR_BY_ADD)
             y = f * tl.sum(u * Cv[None, :], axis=1) + D * x
         else:
-            s = state_step(s, row_scale, x, Bv, dt, A)
-            store_state_tile(tile_ptrs, tile_scales, s, tile_ok, live, QUANTIZED)
-            y = tl.sum(s * Cv[None, :], axis=1) + D * x
+            new = state_step(s, row_scale, x, Bv, dt, A)
+            store_state_tile(tile_ptrs, tile_scales, new, tile_ok, live, QUANTIZED)
+            y = tl.sum(new * Cv[None, :], axis=1) + D * x
         if HAS_Z:
             y = y * z * tl.sigmoid(z)
         y = tl.where(live, y, 0.0)
