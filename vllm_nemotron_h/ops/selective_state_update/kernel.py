@@ -104,19 +104,26 @@ def _selective_state_update_kernel(
     )
     state_base = state_ptr + slot * s_slot + cols[None, :]
     scale_base = scale_ptr + slot * sc_slot
-    if TILES == 1:  # issue every load before the arithmetic that needs it
+    # One tile: every load is issued before the arithmetic, the state, its scales, the head's
+    # values and x before B and C: in this order ptxas issues the state loads ~100
+    # instructions earlier and the int8 update runs 11 % faster on the H100 (benchmarks/NOTES.md).
+    if TILES == 1:
         s, row_scale = load_state_tile(
             state_base + (h * s_head + p * s_dim)[:, None],
             scale_base + h * sc_head + p * sc_dim,
             tile_ok, live, QUANTIZED,
         )  # fmt: skip
-    Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
-    Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
     if PER_HEAD:  # the program lies in one head: its values once (scalars)
         head = first_row // HEAD_DIM
         dt = tl.load(dt_ptr + b * dt_b + head * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + head)
         A = tl.load(A_ptr + head)
         D = tl.load(D_ptr + head)
+    if TILES == 1:
+        x = tl.load(x_ptr + b * x_b + h * x_h + p * x_d).to(tl.float32)
+    Bv = tl.load(B_ptr + b * B_b + g * B_g + cols * B_n, mask=col_ok, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + b * C_b + g * C_g + cols * C_n, mask=col_ok, other=0.0).to(tl.float32)
+    if TILES == 1 and HAS_Z:
+        z = tl.load(z_ptr + b * z_b + h * z_h + p * z_d).to(tl.float32)
     # Several tiles: a software-pipelined loop, the next tiles' state and scales copied into
     # shared memory (cp.async) while one is computed.
     for t in tl.range(0, TILES, num_stages=1 if TILES == 1 else PIPELINE_STAGES):
@@ -127,9 +134,10 @@ def _selective_state_update_kernel(
                 scale_base + ht * sc_head + pt * sc_dim,
                 tile_ok, live, QUANTIZED,
             )  # fmt: skip
-        x = tl.load(x_ptr + b * x_b + ht * x_h + pt * x_d).to(tl.float32)
-        if HAS_Z:
-            z = tl.load(z_ptr + b * z_b + ht * z_h + pt * z_d).to(tl.float32)
+        if TILES > 1:
+            x = tl.load(x_ptr + b * x_b + ht * x_h + pt * x_d).to(tl.float32)
+            if HAS_Z:
+                z = tl.load(z_ptr + b * z_b + ht * z_h + pt * z_d).to(tl.float32)
         if not PER_HEAD:
             dt = tl.load(dt_ptr + b * dt_b + ht * dt_h).to(tl.float32) + tl.load(dt_bias_ptr + ht)
             A = tl.load(A_ptr + ht)
