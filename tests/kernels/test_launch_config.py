@@ -3,6 +3,8 @@ name and every row is one the kernels can launch, so a mistyped or half-merged t
 here, not on the user's GPU."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,3 +77,30 @@ def test_state_update_rows_carry_tiles_per_program():
         assert config("selective_state_update", cpu, 64, 128, torch.int8, 4096, 1024) == (32, 1, 2)
         assert config("selective_state_update", cpu, 64, 128, torch.int8, 4096, 32) == (32, 1, 1)
         assert config("selective_state_update", cpu, 64, 128, torch.int8, 4096, 48) == (16, 1, 1)
+
+
+def test_device_file_writes_a_row_per_line(tmp_path, monkeypatch):
+    """tune.py --tables --write: rows of three or four values, one a line, read back equal."""
+    monkeypatch.setattr(launch_config, "CONFIGS_DIR", tmp_path)
+    tables = {"selective_state_update": {"64,128,1": [[128, 32, 8], [None, 16, 1, 4]]}}
+    path = launch_config.write_device_file("Some GPU", tables, "a test")
+    lines = path.read_text().splitlines()
+    assert "   [128, 32, 8]," in lines and "   [null, 16, 1, 4]" in lines
+    data = json.loads(path.read_text())
+    assert data["selective_state_update"] == tables["selective_state_update"]
+
+
+def test_sweeps_become_rows_with_tiles_only_where_several():
+    """tune.py's tables from a sweep: the fastest config per point, tiles per program kept
+    only where a program advances several."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    from tune import tuned_tables
+
+    def row(batch, config, us):
+        return dict(kernel="selective_state_update", model="nemotron-h-8b", state_dtype="int8",
+                    batch=batch, config=config, us=us)  # fmt: skip
+
+    sweep = [row(1, [32, 8, 1], 4.0), row(1, [16, 1, 4], 5.0),
+             row(128, [32, 8, 1], 150.0), row(128, [16, 1, 4], 120.0)]  # fmt: skip
+    rows = tuned_tables(sweep)["selective_state_update"]["64,128,1"]
+    assert rows == [[128, 32, 8], [None, 16, 1, 4]]
