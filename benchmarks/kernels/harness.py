@@ -107,12 +107,13 @@ class Comparison:
         state_dtype: str,
         batch: int,
         ours_us: float,
-        vllm_us: float,
+        vllm_us: float | None,
         ours_bytes: int,
         vllm_bytes: int,
         **extra: float,
     ) -> None:
-        """One row; ``extra`` columns (e.g. another variant's time) are kept in the JSON."""
+        """One row; ``extra`` columns (e.g. another variant's time) are kept in the JSON.
+        ``vllm_us`` None: vLLM is not installed here (its columns stay empty)."""
         copy = copy_us(ours_bytes)
         row = dict(
             kernel=kernel,
@@ -120,18 +121,23 @@ class Comparison:
             state_dtype=state_dtype,
             batch=batch,
             ours_us=round(ours_us, 3),
-            vllm_us=round(vllm_us, 3),
+            vllm_us=None if vllm_us is None else round(vllm_us, 3),
             ours_roofline=round(ours_bytes / (ours_us * 1e-6) / self.roof, 4),
-            vllm_roofline=round(vllm_bytes / (vllm_us * 1e-6) / self.roof, 4),
+            vllm_roofline=None
+            if vllm_us is None
+            else round(vllm_bytes / (vllm_us * 1e-6) / self.roof, 4),
             copy_us=round(copy, 3),
             copy_roofline=round(ours_bytes / (copy * 1e-6) / self.roof, 4),
             **extra,
         )
         self.rows.append(row)
+        theirs = "vllm (not installed)"
+        if vllm_us is not None:
+            theirs = f"vllm {vllm_us:8.2f}us {100 * row['vllm_roofline']:5.1f}%"
+            theirs += f"  x{vllm_us / ours_us:4.2f}"
         print(
             f"{kernel:22s} {model:12s} {state_dtype:9s} B={batch:4d} ours {ours_us:8.2f}us "
-            f"{100 * row['ours_roofline']:5.1f}%  vllm {vllm_us:8.2f}us "
-            f"{100 * row['vllm_roofline']:5.1f}%  x{vllm_us / ours_us:4.2f}  "
+            f"{100 * row['ours_roofline']:5.1f}%  {theirs}  "
             f"copy {copy:8.2f}us {100 * row['copy_roofline']:5.1f}%"
             + "".join(f"  {k} {v}" for k, v in extra.items()),
             flush=True,
@@ -151,6 +157,16 @@ class Comparison:
         path.write_text(json.dumps(dict(meta=meta, rows=self.rows), indent=1))
         plot(self.rows, path.with_suffix(".png"), meta)
         print("wrote", path)
+
+
+def time_if_installed(
+    package: str, make_call: Callable[[], Callable[[], object]], bytes_per_call: int
+) -> float | None:
+    """time_rotating of a call into ``package`` (vLLM's kernels), or None where it is not
+    installed: the plugin's own columns can be timed on a GPU host before the vLLM kit."""
+    if installed_version(package) is None:
+        return None
+    return time_rotating(make_call, bytes_per_call)
 
 
 def installed_version(package: str) -> str | None:
@@ -226,7 +242,8 @@ def plot(rows: list[dict], path: Path, meta: dict) -> None:
                 continue
             b = [r["batch"] for r in sel]
             ax.plot(b, [100 * r["ours_roofline"] for r in sel], "o-", label=f"ours {sdt}")
-            ax.plot(b, [100 * r["vllm_roofline"] for r in sel], "x--", label=f"vLLM {sdt}")
+            if all(r["vllm_roofline"] is not None for r in sel):
+                ax.plot(b, [100 * r["vllm_roofline"] for r in sel], "x--", label=f"vLLM {sdt}")
             copy = [100 * r["copy_roofline"] for r in sel]
             ax.plot(b, copy, ":", color="grey", label=f"copy of the bytes {sdt}")
         ax.set_xscale("log", base=2)

@@ -2,7 +2,8 @@
 state (--state-dtypes int8) is compared with vLLM's kernel on a bf16 state (its narrowest
 format) and with the plugin's bf16 state (``ours_bf16_us``).
 
-When vLLM 0.32's kernels are importable as ``v32ops`` (../shared/anchors/
+Without vLLM installed (a GPU host before its kit) the vLLM columns stay empty. When vLLM
+0.32's kernels are importable as ``v32ops`` (../shared/anchors/
 extract_vllm032_ops.py writes them; put their folder on PYTHONPATH), each row also times
 vLLM 0.32's plain kernel (``v32_us``) and its ReplaySSM output-only kernel amortised over its
 window of L = 16 steps (``replay_us`` = (15 x a step that only reads the state + 1 x the flush
@@ -151,10 +152,11 @@ def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: 
             if sdt == torch.int8:
                 compare_int8(bench, model, shape, batch, with_v32)
                 continue
+            theirs = lambda: vllm(inputs(shape, batch, sdt), shape)  # noqa: E731
             bench.record(
                 "selective_state_update", model, harness.dtype_name(sdt), batch,
                 harness.time_rotating(lambda: ours(inputs(shape, batch, sdt)), nb),
-                harness.time_rotating(lambda: vllm(inputs(shape, batch, sdt), shape), nb),
+                harness.time_if_installed("vllm", theirs, nb),
                 nb, nb, **(vllm032_columns(shape, batch, sdt) if with_v32 else {}),
             )  # fmt: skip
 
@@ -176,7 +178,7 @@ def compare_int8(
     bench.record(
         "selective_state_update", model, "int8", batch,
         harness.time_rotating(lambda: ours(inputs(shape, batch, torch.int8)), nb),
-        harness.time_rotating(lambda: vllm(inputs(shape, batch, bf16), shape), nb_bf16),
+        harness.time_if_installed("vllm", lambda: vllm(inputs(shape, batch, bf16), shape), nb_bf16),
         nb, nb_bf16, ours_bf16_us=round(ours_bf16, 3), **v32,
     )  # fmt: skip
 
