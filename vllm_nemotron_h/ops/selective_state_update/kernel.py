@@ -134,7 +134,6 @@ def _selective_state_update_kernel(
                 scale_base + ht * sc_head + pt * sc_dim,
                 tile_ok, live, QUANTIZED,
             )  # fmt: skip
-        if TILES > 1:
             x = tl.load(x_ptr + b * x_b + ht * x_h + pt * x_d).to(tl.float32)
             if HAS_Z:
                 z = tl.load(z_ptr + b * z_b + ht * z_h + pt * z_d).to(tl.float32)
