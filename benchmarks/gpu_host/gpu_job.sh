@@ -8,8 +8,8 @@
 #               causal_conv1d_update, deferred_state_update) on the 8B and 9B shapes, every
 #               state format, into LOG_DIR/tune-K.json
 #   tables      this GPU's launch tables from LOG_DIR/tune-*.json and the committed sweep
-#               benchmarks/results/kernel-tuning-<gpu>.json (if any), written into the package
-#               and copied to LOG_DIR
+#               benchmarks/results/kernel-tuning-<gpu>.json (if any), merged into the
+#               package's file (keys not swept stay) and copied to LOG_DIR
 #   e2e-30b     Nemotron 3 Nano 30B-A3B, bf16 and fp32 state, B=1/32/128, 2 rounds, both
 #               implementations routed by vLLM's uniform routing simulation
 #   profile-30b one decode step of the 30B at B=128 (bf16 state), both implementations

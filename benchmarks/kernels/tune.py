@@ -159,6 +159,32 @@ def tuned_tables(rows: list) -> dict:
     return tables
 
 
+def write_tables(device_name: str, tables: dict, how: str) -> Path:
+    """Writes ``tables`` into ``device_name``'s file: the keys a sweep measured replace
+    theirs, the device's other tables and keys stay (a sweep of one kernel or one format
+    leaves the rest of the file as it was), and ``how`` says which is which."""
+    path = launch_config.device_file(device_name)
+    if not path.exists():
+        return launch_config.write_device_file(device_name, tables, how)
+    old = json.loads(path.read_text())
+    merged = {name: table for name, table in old.items() if name not in ("device", "how")}
+    kept = [name for name in merged if name not in tables]
+    for name, table in tables.items():
+        if isinstance(table, dict) and isinstance(merged.get(name), dict):
+            kept += [f"{name} {key}" for key in merged[name] if key not in table]
+            merged[name] = {**merged[name], **table}
+        else:
+            merged[name] = table
+    if kept:
+        swept = ", ".join(
+            f"{name} {key}" if isinstance(table, dict) else name
+            for name, table in tables.items()
+            for key in (table if isinstance(table, dict) else [None])
+        )
+        how = f"{old['how']}; then {swept} {how}"
+    return launch_config.write_device_file(device_name, merged, how)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", default=",".join(TUNABLE))
@@ -175,7 +201,7 @@ def main() -> None:
         print(json.dumps(tables, indent=1))
         if args.write:
             how = f"derived by benchmarks/kernels/tune.py --tables from {args.tables}"
-            print("wrote", launch_config.write_device_file(args.write, tables, how))
+            print("wrote", write_tables(args.write, tables, how))
         return
     import harness
 

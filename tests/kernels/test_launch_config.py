@@ -104,3 +104,28 @@ def test_sweeps_become_rows_with_tiles_only_where_several():
              row(128, [32, 8, 1], 150.0), row(128, [16, 1, 4], 120.0)]  # fmt: skip
     rows = tuned_tables(sweep)["selective_state_update"]["64,128,1"]
     assert rows == [[128, 32, 8], [None, 16, 1, 4]]
+
+
+def test_writing_a_sweep_keeps_the_keys_it_did_not_measure(tmp_path, monkeypatch):
+    """tune.py --tables SWEEP --write DEVICE: the swept keys replace theirs, the rest stays,
+    and the file's "how" says both."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    from tune import write_tables
+
+    monkeypatch.setattr(launch_config, "CONFIGS_DIR", tmp_path)
+    launch_config.write_device_file(
+        "Some GPU",
+        {
+            "selective_state_update": {"64,128,1": [[None, 16, 1]], "80,128,1": [[None, 32, 1]]},
+            "causal_conv1d_update": [[None, 256, 2]],
+        },
+        "first sweep",
+    )
+    new = {"selective_state_update": {"64,128,1": [[128, 32, 8], [None, 16, 1, 4]]}}
+    data = json.loads(write_tables("Some GPU", new, "from the second").read_text())
+    assert data["selective_state_update"] == {
+        "64,128,1": [[128, 32, 8], [None, 16, 1, 4]],
+        "80,128,1": [[None, 32, 1]],
+    }
+    assert data["causal_conv1d_update"] == [[None, 256, 2]]
+    assert data["how"] == "first sweep; then selective_state_update 64,128,1 from the second"
