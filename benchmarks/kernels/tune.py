@@ -29,7 +29,7 @@ TUNABLE = (
     "mamba2_decode",
 )
 FUSED_TUNE_MAX = 32  # the fused tail runs at small batches only (its device table's limit)
-MAX_TILES = 10  # a program's tiles are an unrolled loop: its compile time grows with them
+MAX_TILES = 10  # tiles per program swept at most (each adds a config per tile and warps)
 
 
 def best_config(label: str, configs, make_call, nbytes: int, rows: list, out: Path, **key) -> None:
@@ -168,20 +168,13 @@ def write_tables(device_name: str, tables: dict, how: str) -> Path:
         return launch_config.write_device_file(device_name, tables, how)
     old = json.loads(path.read_text())
     merged = {name: table for name, table in old.items() if name not in ("device", "how")}
-    kept = [name for name in merged if name not in tables]
+    swept = []  # "kernel key" per keyed table, "kernel" per list
     for name, table in tables.items():
-        if isinstance(table, dict) and isinstance(merged.get(name), dict):
-            kept += [f"{name} {key}" for key in merged[name] if key not in table]
-            merged[name] = {**merged[name], **table}
-        else:
-            merged[name] = table
-    if kept:
-        swept = ", ".join(
-            f"{name} {key}" if isinstance(table, dict) else name
-            for name, table in tables.items()
-            for key in (table if isinstance(table, dict) else [None])
-        )
-        how = f"{old['how']}; then {swept} {how}"
+        keyed = isinstance(table, dict) and isinstance(merged.get(name), dict)
+        merged[name] = {**merged[name], **table} if keyed else table
+        swept += [f"{name} {key}" for key in table] if isinstance(table, dict) else [name]
+    if merged != tables:  # the file keeps rows the sweep did not measure
+        how = f"{old['how']}; then {', '.join(swept)} {how}"
     return launch_config.write_device_file(device_name, merged, how)
 
 
