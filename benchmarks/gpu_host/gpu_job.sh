@@ -13,8 +13,13 @@
 #   e2e-30b     Nemotron 3 Nano 30B-A3B, bf16 and fp32 state, B=1/32/128, 2 rounds, both
 #               implementations routed by vLLM's uniform routing simulation
 #   profile-30b one decode step of the 30B at B=128 (bf16 state), both implementations
-#   e2e-formats 8B and 9B, fp32 / bf16 / int8 state, B=1/32/128/256: tokens/s and how many
-#               sequences each format's cache holds (int8: the plugin alone)
+#   kernels-vllm the GPU kernel tests that import vLLM (the fused decode tail, speculative)
+#   accuracy-int8 accuracy.py on the shipped model, fp32 and int8 state, every decode step
+#               through the state-update kernel (--fused-max-batch-heads 0), then through the
+#               device table's paths (the fused tail at small batch x heads)
+#   e2e-int8-M  model M (8b or 9b): the built-in with fp32 and bf16 state, then the plugin
+#               with int8 state, B=1/32/128/256, separate processes: tokens/s and how many
+#               sequences each format's cache holds, into LOG_DIR/e2e-int8-<gpu>.json
 set -u
 out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
@@ -42,9 +47,22 @@ for s in "$@"; do
     profile-30b) step profile-30b python3 benchmarks/step_profile.py --model nano-v3-30b \
       --state-dtype bfloat16 --batch 128 \
       --output "$out/step-profile-nano-v3-30b-bfloat16-b128-$gpu.json" ;;
-    e2e-formats) step e2e-formats python3 benchmarks/e2e.py \
-      --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16,int8 \
-      --batches 1,32,128,256 --repeats 3 --output "$out/e2e-formats-$gpu.json" ;;
+    kernels-vllm) step kernels-vllm python3 -m pytest -m gpu -q -p no:cacheprovider \
+      tests/kernels/test_mamba2_decode.py tests/kernels/test_mamba2_speculative_decode.py ;;
+    accuracy-int8)
+      step accuracy-int8-state-update python3 benchmarks/accuracy.py --formats fp32,int8 \
+        --contexts 512,2048 --windows 16 --kl-windows 8 --greedy-prompts 16 \
+        --greedy-tokens 512 --no-reference --fused-max-batch-heads 0 \
+        --output "$out/accuracy-int8-state-update-$gpu.json"
+      step accuracy-int8-table python3 benchmarks/accuracy.py --formats fp32,int8 \
+        --contexts 512,2048 --windows 16 --kl-windows 8 --greedy-prompts 16 \
+        --greedy-tokens 512 --no-reference --output "$out/accuracy-int8-table-$gpu.json" ;;
+    e2e-int8-8b | e2e-int8-9b)
+      model=$([ "$s" = e2e-int8-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      e2e=(python3 benchmarks/e2e.py --models "$model" --batches 1,32,128,256 --repeats 3
+        --output "$out/e2e-int8-$gpu.json")
+      step "$s-builtin" "${e2e[@]}" --state-dtypes float32,bfloat16 --impls builtin
+      step "$s-plugin" "${e2e[@]}" --state-dtypes int8 --impls plugin ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
