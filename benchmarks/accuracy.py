@@ -286,12 +286,22 @@ def main() -> None:
     ap.add_argument("--output", type=Path, help="default: results/accuracy-<device>.json")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "accuracy.md")
     ap.add_argument(
+        "--doc-from",
+        type=Path,
+        nargs="+",
+        help="write these results files' sections of --doc and stop (no run)",
+    )
+    ap.add_argument(
         "--runs-dir",
         type=Path,
         help="keep each row's run here; a rerun with the "
         "same settings reuses it (default: a new temporary folder)",
     )
     args = ap.parse_args()
+    if args.doc_from:
+        for result in args.doc_from:
+            write_doc(args.doc, result)
+        return
 
     import tempfile
 
@@ -397,9 +407,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
     plot(doc, out.with_suffix(".png"))
-    table = markdown(doc)
-    print(table)
-    write_doc(args.doc, out, table, doc)
+    print(markdown(doc))
+    write_doc(args.doc, out)
 
 
 def markdown(doc: dict) -> str:
@@ -441,16 +450,15 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def write_doc(path: Path, result: Path, table: str, doc: dict) -> None:
-    """docs/accuracy.md keeps one section per device; this run replaces its own."""
-    marker = f"<!-- accuracy: {doc['meta']['device']} -->"
-    section = (
-        f"{marker}\n## {doc['meta']['device']}\n\n{table}\n\n"
-        f"Data: `benchmarks/results/{result.name}`.\n"
-    )
+def write_doc(path: Path, result: Path) -> None:
+    """docs/accuracy.md keeps one section per results file; this one's replaces its own."""
+    doc = json.loads(result.read_text())
+    marker = f"<!-- accuracy: {result.name} -->"
+    section = f"{marker}\n## {doc['meta']['device']}: `{result.name}`\n\n{markdown(doc)}\n\n"
     head = (
         "# State formats on the shipped model\n\n"
-        "Written by `benchmarks/accuracy.py` (how each column is measured: its docstring).\n"
+        "Written by `benchmarks/accuracy.py` (how each column is measured: its docstring), a\n"
+        "section per results file (`--doc-from` writes them again from the files).\n"
         "The held-out split of `models/nemotron-h-pycode` as one token stream, cut into windows\n"
         "of each context length. Prefill columns do not move with the state format: a window\n"
         "that fits one prefill chunk never stores its state between tokens. The decode columns\n"
@@ -459,7 +467,7 @@ def write_doc(path: Path, result: Path, table: str, doc: dict) -> None:
     )
     text = path.read_text() if path.exists() else head
     parts = text.split("<!-- accuracy: ")
-    kept = [p for p in parts[1:] if not p.startswith(doc["meta"]["device"] + " -->")]
+    kept = [p for p in parts[1:] if not p.startswith(result.name + " -->")]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         parts[0].rstrip() + "\n\n" + "".join("<!-- accuracy: " + p for p in kept) + section

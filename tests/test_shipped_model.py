@@ -27,6 +27,7 @@ from accuracy import (  # noqa: E402
     summarise,
     transformers_row,
     windows,
+    write_doc,
 )
 
 pytestmark = pytest.mark.engine
@@ -119,3 +120,30 @@ def test_served_by_vllm_serve(plugin_run):
         ).json()
     tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     assert reply["choices"][0]["text"] == tok.decode(plugin_run["greedy"][0])
+
+
+def test_accuracy_doc_keeps_a_section_per_results_file(tmp_path):
+    """docs/accuracy.md: each results file its own section; writing one again replaces only
+    its own, so runs of other formats or settings on the same device stay beside it."""
+
+    def result(name: str, bits: float):
+        decode = dict(bits_per_byte=bits, perplexity=2**bits)
+        doc = dict(
+            meta=dict(device="GPU X", vllm="v", torch="t", date="d", dtype="float32",
+                      cuda_graphs=True, windows=4, gzip_bits_per_byte=2.0),
+            rows=[dict(row="plugin int8", contexts={"512": dict(decode=decode, prefill=decode)})],
+        )  # fmt: skip
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        return path
+
+    md = tmp_path / "accuracy.md"
+    write_doc(md, result("accuracy-a.json", 1.25))
+    write_doc(md, result("accuracy-b.json", 1.5))
+    write_doc(md, result("accuracy-a.json", 1.75))
+    text = md.read_text()
+    assert text.startswith("# State formats on the shipped model")
+    sections = text.split("<!-- accuracy: ")[1:]
+    assert [s.split(" -->")[0] for s in sections] == ["accuracy-b.json", "accuracy-a.json"]
+    assert "| 1.5000 |" in sections[0] and "| 1.7500 |" in sections[1]
+    assert "1.2500" not in text
