@@ -22,6 +22,7 @@ from training.pycode_data import heldout_stream, token_bytes
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from accuracy import (  # noqa: E402
+    FORMATS,
     greedy_prompts,
     gzip_bits_per_byte,
     summarise,
@@ -51,10 +52,10 @@ SPEC = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def plugin_run() -> dict:
+def child_run(spec: dict) -> dict:
+    """benchmarks/accuracy.py's engine run of ``spec`` in its own process."""
     proc = subprocess.run(
-        [sys.executable, str(ACCURACY), "--child", json.dumps(SPEC)],
+        [sys.executable, str(ACCURACY), "--child", json.dumps(spec)],
         env=engine_env(),
         capture_output=True,
         text=True,
@@ -65,6 +66,18 @@ def plugin_run() -> dict:
         if line.startswith("CHILD_RESULT "):
             return json.loads(line[len("CHILD_RESULT ") :])
     raise RuntimeError(f"engine failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
+
+
+@pytest.fixture(scope="module")
+def plugin_run() -> dict:
+    return child_run(SPEC)
+
+
+@pytest.fixture(scope="module")
+def int8_run() -> dict:
+    """The same windows with the int8 SSM state (additional_config nemotron_h.ssm_state)."""
+    spec = dict(SPEC, greedy_prompts=1, engine=dict(SPEC["engine"], **FORMATS["int8"]))
+    return child_run(spec)
 
 
 @pytest.fixture(scope="module")
@@ -99,18 +112,32 @@ def test_heldout_perplexity_equals_transformers(scores, mode):
     assert abs(got["perplexity"] / ref["perplexity"] - 1) < 1e-3, (got, ref)
 
 
+def test_int8_state_keeps_heldout_bits_per_byte_within_half_a_percent(scores, int8_run):
+    """The int8 state's accuracy target: teacher-forced decode (the state stored as int8 after
+    every token) scores the held-out windows within 0.5 % of the fp32 state's bits per byte."""
+    stream_wins = {CONTEXT: windows(heldout_stream(MODEL), CONTEXT, WINDOWS)}
+    int8 = summarise("int8", int8_run, token_bytes(MODEL), stream_wins)["contexts"][CONTEXT]
+    fp32 = scores["plugin"]["decode"]["bits_per_byte"]
+    assert int8["decode"]["tokens"] == WINDOWS * (CONTEXT - 1)
+    assert abs(int8["decode"]["bits_per_byte"] / fp32 - 1) < 5e-3, (int8["decode"], fp32)
+    # prefill stores no state between a window's tokens: the format leaves it unchanged
+    assert (
+        abs(int8["prefill"]["bits_per_byte"] / scores["plugin"]["prefill"]["bits_per_byte"] - 1)
+        < 1e-4
+    )
+
+
 def test_compresses_heldout_text_better_than_gzip(scores):
     model_bpb = scores["plugin"]["decode"]["bits_per_byte"]
     assert model_bpb < gzip_bits_per_byte(MODEL), model_bpb
 
 
-def test_served_by_vllm_serve(plugin_run):
-    """The folder served as the README starts a server answers with the offline API's tokens."""
-    from tokenizers import Tokenizer
-
+def served_completion(log_name: str, *args: str) -> str:
+    """The greedy text of the first held-out prompt from the folder served as the README starts
+    a server, with ``args`` added (its log: .cache/``log_name``)."""
     prompt = greedy_prompts(MODEL, 1)[0]
-    args = ("--max-model-len", "1024", "--max-num-seqs", "4")
-    with openai_server(str(MODEL), *args, log_name="shipped-model-server.log") as url:
+    args = ("--max-model-len", "1024", "--max-num-seqs", "4", *args)
+    with openai_server(str(MODEL), *args, log_name=log_name) as url:
         reply = requests.post(
             url + "/v1/completions",
             json=dict(
@@ -118,8 +145,28 @@ def test_served_by_vllm_serve(plugin_run):
             ),
             timeout=120,
         ).json()
+    return reply["choices"][0]["text"]
+
+
+def test_served_by_vllm_serve(plugin_run):
+    """The folder served as the README starts a server answers with the offline API's tokens."""
+    from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
-    assert reply["choices"][0]["text"] == tok.decode(plugin_run["greedy"][0])
+    assert served_completion("shipped-model-server.log") == tok.decode(plugin_run["greedy"][0])
+
+
+def test_served_with_int8_state_gives_the_offline_int8_tokens(int8_run):
+    """`vllm serve --additional-config` selects the int8 state as LLM(additional_config=...)
+    does: the server's greedy text is the offline int8 engine's."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    config = json.dumps(FORMATS["int8"]["additional_config"])
+    text = served_completion("shipped-model-server-int8.log", "--additional-config", config)
+    assert text == tok.decode(int8_run["greedy"][0])
+    log = (ROOT / ".cache" / "shipped-model-server-int8.log").read_text()
+    assert "SSM state int8 with an fp32 scale per row" in log
 
 
 def test_accuracy_doc_keeps_a_section_per_results_file(tmp_path):
