@@ -151,6 +151,27 @@ def test_int8_busy_engine_gives_each_request_its_tokens_alone():
     assert res["tokens"] == [job[0] for job in res["jobs"]]
 
 
+def test_int8_prefix_cache_hits_give_the_cold_runs_tokens():
+    """Prefix caching ('align') keeps each cached block's state in the int8 format (values
+    and scales): a prompt extending a cached one, and the cached prompt again, decode as
+    runs without prefix caching do."""
+    stream = heldout_stream(MODEL)
+    base, longer = stream[:300], stream[:337]
+    engine = dict(TINY_ENGINE, max_model_len=512, block_size=64, max_num_batched_tokens=512)
+    engine.update(FORMATS["int8"])
+    spec = dict(model=str(MODEL), max_tokens=32)
+    hits = run_engine(
+        dict(spec, prompts=[base], engine=dict(engine, enable_prefix_caching=True),
+             jobs=[[longer], [base]])
+    )  # fmt: skip
+    cold = run_engine(
+        dict(spec, prompts=[longer], engine=dict(engine, enable_prefix_caching=False),
+             jobs=[[base]])
+    )  # fmt: skip
+    assert hits["jobs"][0][0] == cold["tokens"][0], "after a prefix-cache hit"
+    assert hits["jobs"][1][0] == cold["jobs"][0][0] == hits["tokens"][0], "a full hit"
+
+
 def test_compresses_heldout_text_better_than_gzip(scores):
     model_bpb = scores["plugin"]["decode"]["bits_per_byte"]
     assert model_bpb < gzip_bits_per_byte(MODEL), model_bpb
