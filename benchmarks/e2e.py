@@ -411,34 +411,48 @@ def main() -> None:
 
 
 def plot(doc: dict, path: Path) -> None:
+    """A panel per model (and weights, routing), a bar per implementation and state format:
+    formats only the plugin runs (int8, deferred writes) stand beside the built-in's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in doc["rows"] if "plugin_tok_s" in r and "builtin_tok_s" in r]
+    def panel(r: dict) -> tuple:
+        return r["model"], r.get("weights", ""), r.get("moe_routing", "")
 
-    def combo(r: dict) -> tuple:
-        return r["model"], r["state_dtype"], r.get("weights", ""), r.get("moe_routing", "")
-
-    combos = sorted({combo(r) for r in rows})
-    if not combos:
+    panels = sorted({panel(r) for r in doc["rows"]})
+    if not panels:
         return
-    fig, axes = plt.subplots(1, len(combos), figsize=(4 * len(combos), 3.5), squeeze=False)
-    for ax, (m, s, w, routing) in zip(axes[0], combos):
-        sel = sorted((r for r in rows if combo(r) == (m, s, w, routing)), key=lambda r: r["batch"])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5), squeeze=False)
+    for ax, (m, w, routing) in zip(axes[0], panels):
+        rows = [r for r in doc["rows"] if panel(r) == (m, w, routing)]
+        batches = sorted({r["batch"] for r in rows})
+        series = [
+            (impl, sdt)
+            for impl in ("builtin", "plugin")
+            for sdt in sorted({r["state_dtype"] for r in rows if f"{impl}_tok_s" in r})
+        ]
+        width = 0.8 / len(series)
+        for k, (impl, sdt) in enumerate(series):
+            ok = [r for r in rows if r["state_dtype"] == sdt and f"{impl}_tok_s" in r]
+            cells = {r["batch"]: r for r in ok}
+            xs = [i - 0.4 + (k + 0.5) * width for i, b in enumerate(batches) if b in cells]
+            ys = [cells[b][f"{impl}_tok_s"] for b in batches if b in cells]
+            name = "vLLM built-in" if impl == "builtin" else "plugin"
+            ax.bar(xs, ys, width, label=f"{name}, {sdt} state")
+            if impl == "plugin":
+                for x, b in zip(xs, (b for b in batches if b in cells)):
+                    if "speedup" in cells[b]:
+                        ax.text(x, cells[b]["plugin_tok_s"], f"x{cells[b]['speedup']:.2f}",
+                                ha="center", fontsize=6)  # fmt: skip
         weights = f", {w} weights" if w else ""
         weights += f", {routing} MoE routing" if routing else ""
-        x = range(len(sel))
-        ax.bar([i - 0.2 for i in x], [r["builtin_tok_s"] for r in sel], 0.4, label="vLLM built-in")
-        ax.bar([i + 0.2 for i in x], [r["plugin_tok_s"] for r in sel], 0.4, label="plugin")
-        for i, r in zip(x, sel):
-            ax.text(i + 0.2, r["plugin_tok_s"], f"x{r['speedup']:.2f}", ha="center", fontsize=7)
-        ax.set_xticks(list(x), [f"B={r['batch']}" for r in sel])
+        ax.set_xticks(range(len(batches)), [f"B={b}" for b in batches])
         ax.set_yscale("log")
-        ax.set_title(f"{m}, {s} state{weights}", fontsize=9)
+        ax.set_title(f"{m}{weights}", fontsize=9)
         ax.set_ylabel("decode tokens/s")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     meta = doc["meta"]
     tp = meta.get("tensor_parallel_size", 1)
     how = f", TP={tp} ({meta.get('distributed_executor_backend', 'mp')})" if tp > 1 else ""
