@@ -425,9 +425,9 @@ def markdown(doc: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in doc["rows"]:
         cells = [r["row"]]
-        cells += [cell(r, c, "decode", "bits_per_byte", ".4f") for c in contexts]
+        cells += [cell(r, c, "decode", "bits_per_byte", ".5f") for c in contexts]
         cells += [cell(r, c, "decode", "perplexity", ".3f") for c in contexts]
-        cells += [cell(r, c, "prefill", "bits_per_byte", ".4f") for c in contexts]
+        cells += [cell(r, c, "prefill", "bits_per_byte", ".5f") for c in contexts]
         kl = r.get("kl")
         cells.append(f"{kl['mean']:.2e}" if kl else "-")
         g = r.get("greedy_agreement")

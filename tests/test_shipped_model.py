@@ -240,5 +240,5 @@ def test_accuracy_doc_keeps_a_section_per_results_file(tmp_path):
     assert text.startswith("# State formats on the shipped model")
     sections = text.split("<!-- accuracy: ")[1:]
     assert [s.split(" -->")[0] for s in sections] == ["accuracy-b.json", "accuracy-a.json"]
-    assert "| 1.5000 |" in sections[0] and "| 1.7500 |" in sections[1]
-    assert "1.2500" not in text
+    assert "| 1.50000 |" in sections[0] and "| 1.75000 |" in sections[1]
+    assert "1.25000" not in text
