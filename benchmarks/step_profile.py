@@ -17,12 +17,14 @@ the ops that took the most host time in each step are listed with their call cou
 time: what the op's own Python and dispatch cost, not its children); on a GPU that makes a
 run several times slower (8B at B=1: ~4 min per implementation).
 
-    python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype float32 --batch 1
+    python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype float32 --batches 1
     python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype bfloat16 --host
-    python benchmarks/step_profile.py --model dense --batch 4     # a tiny preset, on CPU too
-    python benchmarks/step_profile.py --model nemotron-h-8b --batch 128 --tensor-parallel-size 2
+    python benchmarks/step_profile.py --model dense --batches 4   # a tiny preset, on CPU too
+    python benchmarks/step_profile.py --model nemotron-h-8b --batches 1,128 --tensor-parallel-size 2
 
-Writes benchmarks/results/step-profile-<model>-<state dtype>-b<batch>[-tp<N>]-<device>.json.
+Writes benchmarks/results/ (or --output-dir)
+step-profile-<model>-<state dtype>-b<batch>[-tp<N>]-<device>.json, one per batch, each
+batch profiled on the same engine (one per implementation).
 """
 
 from __future__ import annotations
@@ -132,18 +134,33 @@ def stop_profiler(worker) -> tuple[dict[str, float], dict[str, tuple[int, float]
     return times_by_name(prof, cuda), host_times(prof)
 
 
-def child(model: str, state_dtype: str, batch: int, decode_steps: int, host: bool, tp: int) -> dict:
-    import statistics
-
+def child(
+    model: str, state_dtype: str, batches: list[int], decode_steps: int, host: bool, tp: int
+) -> dict:
     import torch
-    from vllm import SamplingParams
 
     from vllm_nemotron_h.testing import model_class_name
 
     cuda = torch.cuda.is_available()
     # TP=1, the "uni" executor: the model runs in this process; else one process per rank
     engine = dict(tensor_parallel_size=tp, distributed_executor_backend="uni" if tp == 1 else "mp")
-    llm = build_llm(model, state_dtype, [batch], decode_steps + 1, **engine)
+    # one engine for every batch: an engine start costs more than a batch's profile
+    llm = build_llm(model, state_dtype, batches, decode_steps + 1, **engine)
+    return dict(
+        model_class=llm.apply_model(model_class_name)[0],
+        device=torch.cuda.get_device_name() if cuda else "cpu",
+        steps={str(b): profile_batch(llm, b, decode_steps, host or not cuda) for b in batches},
+    )
+
+
+def profile_batch(llm, batch: int, decode_steps: int, host: bool) -> dict:
+    """The prefill and decode steps of ``batch`` prompts on ``llm`` (see the module doc)."""
+    import statistics
+
+    import torch
+    from vllm import SamplingParams
+
+    cuda = torch.cuda.is_available()
     prompts = random_prompts(llm, batch, torch.Generator().manual_seed(0))
 
     def generate(n: int) -> None:
@@ -158,7 +175,6 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int, host: boo
         start = time.perf_counter()
         generate(1)
         prefill_walls.append(1e6 * (time.perf_counter() - start))
-    host = host or not cuda
     ranks = {}  # decode steps -> per rank (times, host times)
     walls = {}
     for n in (1, decode_steps + 1):
@@ -190,12 +206,7 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int, host: boo
     if host:
         prefill["host"] = host_summary(short_host)
         decode_step["host"] = host_summary(decode_host)
-    return dict(
-        model_class=llm.apply_model(model_class_name)[0],
-        device=torch.cuda.get_device_name() if cuda else "cpu",
-        prefill_step=prefill,
-        decode_step=decode_step,
-    )
+    return dict(prefill_step=prefill, decode_step=decode_step)
 
 
 def print_table(res: dict[str, dict]) -> None:
@@ -235,17 +246,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="nemotron-h-8b", help="a real shape or a tiny preset")
     ap.add_argument("--state-dtype", default="float32")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batches", default="1", help="comma-separated, one engine for all")
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--impls", default="builtin,plugin")
     ap.add_argument("--host", action="store_true", help="also the host's time by op (slower)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
-    ap.add_argument("--output", help="the JSON's path (default: under benchmarks/results/)")
+    ap.add_argument("--output-dir", type=Path, default=RESULTS, help="where the JSONs go")
     args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
     spec = dict(
         model=args.model,
         state_dtype=args.state_dtype,
-        batch=args.batch,
+        batches=batches,
         decode_steps=args.decode_steps,
         host=args.host,
         tp=args.tensor_parallel_size,
@@ -255,18 +267,30 @@ def main() -> None:
     for impl in args.impls.split(","):
         # the engine in the child's own process: the profiler sees only that process
         res[impl] = run_impl(__file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        device = res[impl]["device"]
-        tag = device_tag(device)
-        name = f"step-profile-{args.model}-{args.state_dtype}-b{args.batch}{tp_tag}-{tag}.json"
-        path = Path(args.output) if args.output else RESULTS / name
-        meta = dict(
-            vars(args), prompt_len=PROMPT_LEN, date=time.strftime("%Y-%m-%d"), device=device
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
         # written after each implementation: a time limit that cuts the second keeps the first
-        path.write_text(json.dumps(dict(meta=meta, **res), indent=1))
-        print(f"wrote {path} ({', '.join(res)})", flush=True)
-    print_table(res)
+        for batch in batches:
+            write_batch(args, batch, res, tp_tag)
+    for batch in batches:
+        print(f"\nbatch {batch}")
+        print_table({impl: r["steps"][str(batch)] for impl, r in res.items()})
+
+
+def write_batch(args: argparse.Namespace, batch: int, res: dict[str, dict], tp_tag: str) -> None:
+    """One batch's file: meta, then per implementation its class, device and steps."""
+    device = next(iter(res.values()))["device"]
+    by_impl = {
+        impl: dict(model_class=r["model_class"], device=r["device"], **r["steps"][str(batch)])
+        for impl, r in res.items()
+    }
+    name = f"step-profile-{args.model}-{args.state_dtype}-b{batch}{tp_tag}-{device_tag(device)}"
+    meta = dict(
+        vars(args), output_dir=str(args.output_dir), batch=batch, prompt_len=PROMPT_LEN,
+        date=time.strftime("%Y-%m-%d"), device=device,
+    )  # fmt: skip
+    path = args.output_dir / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(meta=meta, **by_impl), indent=1))
+    print(f"wrote {path} ({', '.join(by_impl)})", flush=True)
 
 
 if __name__ == "__main__":

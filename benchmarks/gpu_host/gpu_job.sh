@@ -7,9 +7,13 @@
 #   tune-K      tune.py for kernel K (selective_state_update, mamba2_decode,
 #               causal_conv1d_update, deferred_state_update) on the 8B and 9B shapes, every
 #               state format, into LOG_DIR/tune-K.json
-#   tables      this GPU's launch tables from LOG_DIR/tune-*.json and the committed sweep
-#               benchmarks/results/kernel-tuning-<gpu>.json (if any), merged into the
-#               package's file (keys not swept stay) and copied to LOG_DIR
+#   tune-tpN-K  the same for one rank's shapes at TP=N, B=1 and 2: the batch x heads
+#               below TP=1's B=1 (TP=4, 8B at B=1: 32), into LOG_DIR/tune-tpN-K.json
+#   tables      this GPU's launch tables from LOG_DIR/tune-*.json and the committed sweep's
+#               rows of the same kernels (benchmarks/results/kernel-tuning-<gpu>.json, if
+#               any), merged into the package's file (kernels and keys not swept stay) and
+#               copied to LOG_DIR with the merged sweep (tune-tp* sweeps left out)
+#   tables-tp   LOG_DIR/tune-tp*.json's rows in front of the file's (smaller points)
 #   e2e-30b     Nemotron 3 Nano 30B-A3B, bf16 and fp32 state, B=1/32/128, 2 rounds, both
 #               implementations routed by vLLM's uniform routing simulation
 #   profile-30b one decode step of the 30B at B=128 (bf16 state), both implementations
@@ -25,28 +29,40 @@ out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
 . benchmarks/gpu_host/job_lib.sh
 sweep=$out/kernel-tuning-$gpu.json
-merge_sweeps() {  # the committed sweep of this GPU (if any), then this job's
-  python3 -c "import glob, json, os, sys
-paths = [p for p in sys.argv[2:] if os.path.exists(p)]
-json.dump(sum((json.load(open(p)) for p in paths), []), open(sys.argv[1], 'w'), indent=1)" \
+merge_sweeps() {  # this job's sweeps, then the committed sweep's rows of the kernels they tune
+  python3 -c "import json, os, sys
+new = sum((json.load(open(p)) for p in sys.argv[3:] if 'tune-tp' not in p), [])
+kernels = {r['kernel'] for r in new}
+old = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else []
+json.dump([r for r in old if r['kernel'] in kernels] + new, open(sys.argv[1], 'w'), indent=1)" \
     "$sweep" "benchmarks/results/kernel-tuning-$gpu.json" "$out"/tune-*.json
 }
 echo "start $(date) $gpu_name" > "$out/progress"
 for s in "$@"; do
   case $s in
     kernels) step kernels python3 -m pytest -m gpu tests/kernels -q -p no:cacheprovider ;;
+    tune-tp*)  # tune-tpN-K: one rank's shapes at TP=N, B=1 and 2 (points below TP=1's)
+      rank=${s#tune-tp}
+      step "$s" python3 benchmarks/kernels/tune.py --models nemotron-h-8b,nano-9b-v2 \
+        --kernels "${rank#*-}" --state-dtypes float32,bfloat16,int8 --batches 1,2 \
+        --tensor-parallel-size "${rank%%-*}" --output "$out/$s.json" ;;
     tune-*) step "$s" python3 benchmarks/kernels/tune.py --models nemotron-h-8b,nano-9b-v2 \
       --kernels "${s#tune-}" --state-dtypes float32,bfloat16,int8 --output "$out/$s.json" ;;
     tables)
       merge_sweeps
       step tables python3 benchmarks/kernels/tune.py --tables "$sweep" --write "$gpu_name"
       cp "vllm_nemotron_h/ops/configs/$(echo "$gpu_name" | tr ' ' '_').json" "$out/" ;;
+    tables-tp)
+      for f in "$out"/tune-tp*.json; do
+        step "tables-$(basename "$f" .json)" python3 benchmarks/kernels/tune.py --tables "$f" \
+          --write "$gpu_name" --in-front
+      done
+      cp "vllm_nemotron_h/ops/configs/$(echo "$gpu_name" | tr ' ' '_').json" "$out/" ;;
     e2e-30b) step e2e-30b python3 benchmarks/e2e.py --models nano-v3-30b \
       --state-dtypes bfloat16,float32 --batches 1,32,128 --repeats 3 --rounds 2 \
       --moe-routing uniform_random --output "$out/e2e-30b-uniform-routing-$gpu.json" ;;
     profile-30b) step profile-30b python3 benchmarks/step_profile.py --model nano-v3-30b \
-      --state-dtype bfloat16 --batch 128 \
-      --output "$out/step-profile-nano-v3-30b-bfloat16-b128-$gpu.json" ;;
+      --state-dtype bfloat16 --batches 128 --output-dir "$out" ;;
     kernels-vllm) step kernels-vllm python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/kernels/test_mamba2_decode.py tests/kernels/test_mamba2_speculative_decode.py ;;
     accuracy-int8)

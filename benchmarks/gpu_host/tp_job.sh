@@ -9,9 +9,9 @@
 # Usage: bash benchmarks/gpu_host/tp_job.sh LOG_DIR [STEP ...]
 #   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
-#   e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=128: each rank's
-#   kernels per decode step, both implementations), host-8b-b1 (the same at B=1 with each
-#   rank's host time by op); default tests e2e-8b e2e-9b e2e-30b.
+#   e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
+#   engine: each rank's kernels per decode step, both implementations), host-8b-b1 (the
+#   8B at B=1 with rank 0's host time by op); default tests e2e-8b e2e-9b e2e-30b.
 #   Every engine's log of the tests goes to LOG_DIR/engines.
 set -u
 out=${1:?usage: tp_job.sh LOG_DIR [STEP ...]}
@@ -45,14 +45,12 @@ for s in "$@"; do
     e2e-30b) step e2e-30b e2e --models nano-v3-30b --state-dtypes float32 --batches 128 \
       --moe-routing uniform_random ;;
     profile-8b) step profile-8b python3 benchmarks/step_profile.py --model nemotron-h-8b \
-      --state-dtype float32 --batch 128 --tensor-parallel-size "$tp" \
-      --output "$out/step-profile-nemotron-h-8b-float32-b128-tp$tp-$gpu.json" ;;
+      --state-dtype float32 --batches 1,128 --tensor-parallel-size "$tp" --output-dir "$out" ;;
     profile-9b) step profile-9b python3 benchmarks/step_profile.py --model nano-9b-v2 \
-      --state-dtype bfloat16 --batch 128 --tensor-parallel-size "$tp" \
-      --output "$out/step-profile-nano-9b-v2-bfloat16-b128-tp$tp-$gpu.json" ;;
+      --state-dtype bfloat16 --batches 1,128 --tensor-parallel-size "$tp" --output-dir "$out" ;;
     host-8b-b1) step host-8b-b1 python3 benchmarks/step_profile.py --model nemotron-h-8b \
-      --state-dtype float32 --batch 1 --host --tensor-parallel-size "$tp" \
-      --output "$out/step-profile-nemotron-h-8b-float32-b1-tp$tp-host-$gpu.json" ;;
+      --state-dtype float32 --batches 1 --host --tensor-parallel-size "$tp" \
+      --output-dir "$out/host" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done

@@ -60,7 +60,7 @@ def programs_of_tiles(head_dim: int, tiles: list[int]) -> list[tuple[int, int, i
     ]
 
 
-def sweep(models, quick: bool, kernels, batches, state_dtypes, out: Path) -> list:
+def sweep(models, quick: bool, kernels, batches, state_dtypes, out: Path, tp: int = 1) -> list:
     import causal_conv1d_update as conv
     import deferred_state_update as dsu
     import harness
@@ -70,7 +70,7 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes, out: Path) -> lis
     rows: list = []
     warps = (2, 4, 8) if quick else (1, 2, 4, 8)
     for model in models:
-        shape = MambaShape.of_model(model)
+        shape = MambaShape.of_model(model, tp)  # one rank's heads and groups
         group_rows = shape.nheads // shape.ngroups * shape.head_dim
         tiles = [bm for bm in (4, 8, 16, 32, 64, 128, 256) if group_rows % bm == 0]
         for kernel, sdt, batch in itertools.product(
@@ -101,6 +101,7 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes, out: Path) -> lis
                 f"{kernel:22s} {model:12s} {harness.dtype_name(sdt):9s} B={batch:4d}",
                 cfgs, call, nbytes, rows, out,
                 kernel=kernel, model=model, state_dtype=harness.dtype_name(sdt), batch=batch,
+                tensor_parallel_size=tp,
             )  # fmt: skip
         if "causal_conv1d_update" not in kernels:
             continue
@@ -116,19 +117,23 @@ def sweep(models, quick: bool, kernels, batches, state_dtypes, out: Path) -> lis
                 kernel="causal_conv1d_update",
                 model=model,
                 batch=batch,
+                tensor_parallel_size=tp,
             )
     return rows
 
 
-def tuned_tables(rows: list) -> dict:
+def tuned_tables(rows: list, open_ended: bool = True) -> dict:
     """The launch tables of the swept kernels from a sweep: at each measured point (batch x
     heads for the state update, batch x channels for the conv update) the config with the
     smallest mean time relative to the point's best (shapes that share a key and a point are
     averaged); a config applies up to its point, consecutive equal ones merged, the last one
-    open-ended (None), laid out as the device files of vllm_nemotron_h/ops/configs."""
+    open-ended (None), laid out as the device files of vllm_nemotron_h/ops/configs. A sweep
+    of one rank's shapes (``tensor_parallel_size``) measures smaller points of the same keys
+    (a TP=4 rank of the 8B at B=1: 32 heads); without ``open_ended`` the last row keeps its
+    point (rows to put in front of a table's)."""
     points: dict = {}
     for r in rows:
-        shape = MambaShape.of_model(r["model"])
+        shape = MambaShape.of_model(r["model"], r.get("tensor_parallel_size", 1))
         if r["kernel"] in ("selective_state_update", "deferred_state_update", "mamba2_decode"):
             state_bytes = getattr(torch, r["state_dtype"]).itemsize
             key = (r["kernel"], shape.head_dim, shape.d_state, state_bytes)
@@ -151,7 +156,8 @@ def tuned_tables(rows: list) -> dict:
                 table.pop()
             table.append((point, *best))
         rows_ = [list(row) for row in table]
-        rows_[-1][0] = None
+        if open_ended:
+            rows_[-1][0] = None
         if key == "causal_conv1d_update":
             tables[key] = rows_
         else:
@@ -159,10 +165,12 @@ def tuned_tables(rows: list) -> dict:
     return tables
 
 
-def write_tables(device_name: str, tables: dict, how: str) -> Path:
+def write_tables(device_name: str, tables: dict, how: str, in_front: bool = False) -> Path:
     """Writes ``tables`` into ``device_name``'s file: the keys a sweep measured replace
     theirs, the device's other tables and keys stay (a sweep of one kernel or one format
-    leaves the rest of the file as it was), and ``how`` says which is which."""
+    leaves the rest of the file as it was), and ``how`` says which is which. With
+    ``in_front`` (tables of points below the file's, ``open_ended`` False) a key's rows go
+    in front of the file's rows of larger points instead of replacing them."""
     path = launch_config.device_file(device_name)
     if not path.exists():
         return launch_config.write_device_file(device_name, tables, how)
@@ -171,11 +179,24 @@ def write_tables(device_name: str, tables: dict, how: str) -> Path:
     swept = []  # "kernel key" per keyed table, "kernel" per list
     for name, table in tables.items():
         keyed = isinstance(table, dict) and isinstance(merged.get(name), dict)
+        if keyed and in_front:
+            table = {key: in_front_of(rows, merged[name].get(key)) for key, rows in table.items()}
         merged[name] = {**merged[name], **table} if keyed else table
         swept += [f"{name} {key}" for key in table] if isinstance(table, dict) else [name]
     if merged != tables:  # the file keeps rows the sweep did not measure
         how = f"{old['how']}; then {', '.join(swept)} {how}"
     return launch_config.write_device_file(device_name, merged, how)
+
+
+def in_front_of(rows: list, old: list | None) -> list:
+    """``rows`` (smaller points, the last one closed) in front of ``old``'s rows of larger
+    points; open-ended if ``old`` is None."""
+    if old is None:
+        return [*rows[:-1], [None, *rows[-1][1:]]]
+    larger = [row for row in old if row[0] is None or row[0] > rows[-1][0]]
+    if larger and larger[0][1:] == rows[-1][1:]:  # the same config: one row
+        rows = rows[:-1]
+    return rows + larger
 
 
 def main() -> None:
@@ -185,16 +206,24 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(REAL_SHAPES))
     ap.add_argument("--batches", default="1,8,32,64,128,256")
     ap.add_argument("--state-dtypes", default="float32,bfloat16")
+    ap.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="sweep one rank's shapes at this TP"
+    )
     ap.add_argument("--output", type=Path, help="sweep JSON (default kernel-tuning-<gpu>)")
     ap.add_argument("--tables", type=Path, help="print the launch tables of a sweep and exit")
     ap.add_argument("--write", metavar="DEVICE", help="with --tables: write DEVICE's file")
+    ap.add_argument(
+        "--in-front",
+        action="store_true",
+        help="with --write: the sweep's rows go in front of the file's (a TP sweep's points)",
+    )
     args = ap.parse_args()
     if args.tables:
-        tables = tuned_tables(json.loads(args.tables.read_text()))
+        tables = tuned_tables(json.loads(args.tables.read_text()), not args.in_front)
         print(json.dumps(tables, indent=1))
         if args.write:
             how = f"derived by benchmarks/kernels/tune.py --tables from {args.tables}"
-            print("wrote", write_tables(args.write, tables, how))
+            print("wrote", write_tables(args.write, tables, how, args.in_front))
         return
     import harness
 
@@ -207,6 +236,7 @@ def main() -> None:
         [int(b) for b in args.batches.split(",")],
         [getattr(torch, d) for d in args.state_dtypes.split(",")],
         out,
+        args.tensor_parallel_size,
     )
     print("wrote", out)
 

@@ -129,3 +129,25 @@ def test_writing_a_sweep_keeps_the_keys_it_did_not_measure(tmp_path, monkeypatch
     }
     assert data["causal_conv1d_update"] == [[None, 256, 2]]
     assert data["how"] == "first sweep; then selective_state_update 64,128,1 from the second"
+
+
+def test_a_rank_sweep_goes_in_front_of_the_rows_of_larger_points(tmp_path, monkeypatch):
+    """tune.py --tables SWEEP --write DEVICE --in-front: one TP rank's sweep (8B at TP=4, B=1
+    and 2: 32 and 64 heads) adds rows for its points before the file's, which stay."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
+    from tune import tuned_tables, write_tables
+
+    def row(batch, config, us):
+        return dict(kernel="mamba2_decode", model="nemotron-h-8b", state_dtype="float32",
+                    batch=batch, config=config, us=us, tensor_parallel_size=4)  # fmt: skip
+
+    monkeypatch.setattr(launch_config, "CONFIGS_DIR", tmp_path)
+    launch_config.write_device_file(
+        "Some GPU", {"mamba2_decode": {"64,128,4": [[128, 32, 4], [None, 128, 4]]}}, "TP=1"
+    )
+    sweep = [row(1, [8, 4], 2.0), row(1, [32, 4], 3.0),
+             row(2, [8, 4], 4.0), row(2, [32, 4], 3.5)]  # fmt: skip
+    tables = tuned_tables(sweep, open_ended=False)
+    assert tables["mamba2_decode"]["64,128,4"] == [[32, 8, 4], [64, 32, 4]]
+    data = json.loads(write_tables("Some GPU", tables, "TP=4", in_front=True).read_text())
+    assert data["mamba2_decode"]["64,128,4"] == [[32, 8, 4], [128, 32, 4], [None, 128, 4]]

@@ -32,10 +32,22 @@ class MambaShape:
     width: int = 4
 
     @classmethod
-    def of_model(cls, model: str) -> MambaShape:
-        """The shape of a real model of ``REAL_SHAPES`` at tensor-parallel size 1."""
+    def of_model(cls, model: str, tensor_parallel_size: int = 1) -> MambaShape:
+        """One rank's shape of a real model of ``REAL_SHAPES``: its heads and groups split
+        over ``tensor_parallel_size`` ranks."""
         s = REAL_SHAPES[model]
-        return cls(s["mamba_num_heads"], s["mamba_head_dim"], s["ssm_state_size"], s["n_groups"])
+        heads, groups = s["mamba_num_heads"], s["n_groups"]
+        if heads % tensor_parallel_size or groups % tensor_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size={tensor_parallel_size} must divide {model}'s "
+                f"mamba_num_heads={heads} and n_groups={groups}"
+            )
+        return cls(
+            heads // tensor_parallel_size,
+            s["mamba_head_dim"],
+            s["ssm_state_size"],
+            groups // tensor_parallel_size,
+        )
 
     @property
     def inner(self) -> int:
