@@ -265,8 +265,12 @@ def main() -> None:
     tp_tag = f"-tp{args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
     res: dict[str, dict] = {}
     for impl in args.impls.split(","):
-        # the engine in the child's own process: the profiler sees only that process
-        res[impl] = run_impl(__file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        # the engine in the child's own process: the profiler sees only that process. Its
+        # ranks are spawned: forked from it, they failed at start on 4 H100s (no trace)
+        res[impl] = run_impl(
+            __file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        )  # fmt: skip
         # written after each implementation: a time limit that cuts the second keeps the first
         for batch in batches:
             write_batch(args, batch, res, tp_tag)

@@ -223,6 +223,8 @@ def main() -> None:
         print(json.dumps(tables, indent=1))
         if args.write:
             how = f"derived by benchmarks/kernels/tune.py --tables from {args.tables}"
+            if args.in_front:
+                how += " (smaller points: rows in front of the earlier ones)"
             print("wrote", write_tables(args.write, tables, how, args.in_front))
         return
     import harness
