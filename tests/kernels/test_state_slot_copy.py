@@ -3,6 +3,7 @@ import torch
 from helpers import DEVICES, poisoned
 
 from vllm_nemotron_h.ops import gather_state_slots, scatter_state_slots
+from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu, scatter_state_slots_cpu
 from vllm_nemotron_h.ops.state_slot_copy.reference import (
     gather_state_slots_reference,
@@ -51,6 +52,38 @@ def test_gather_matches_reference(device, dtype, slot_dtype):
         assert torch.equal(got[has_initial], state[slots[has_initial].long()])
 
 
+def int8_state_cache(device, num_slots, per_slot, pad=0):
+    """An int8 state cache (slots spaced ``pad`` apart) and its fp32 scales, one per d_state
+    row, some rows zero (scale 0) and some scales huge."""
+    q = state_cache(device, num_slots, per_slot, torch.int8, pad)
+    q.copy_(torch.randint(-127, 128, q.shape, device=device))
+    scale = torch.rand(num_slots, *per_slot[:-1], device=device)
+    scale[0, 0], q[0, 0] = 0.0, 0
+    scale[-1, -1] = 2e36  # a row whose max is near fp32's largest value
+    return q, scale
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_int8_gather_dequantizes_in_the_same_pass(device, slot_dtype):
+    """With an int8 state's scales the gather returns fp32 values, each int8 element times
+    its row's scale exactly as the reference (and the CPU path's dequantize) computes it;
+    rows without an initial state stay zeros."""
+    for per_slot in shapes(device):
+        q, scale = int8_state_cache(device, 9, per_slot, pad=40)
+        slots = torch.tensor([0, 3, 8, 5, 1], device=device).to(slot_dtype)
+        has_initial = torch.tensor([True, False, True, True, False], device=device)
+        for flags in (has_initial, None):
+            for rows in (slots, as_table_column(slots)):
+                got = gather_state_slots(q, rows, flags, scale)
+                assert got.dtype == torch.float32 and got.is_contiguous()
+                assert torch.equal(got, gather_state_slots_reference(q, slots, flags, scale))
+        got = gather_state_slots(q, slots, has_initial, scale)
+        assert (got[~has_initial] == 0).all()
+        kept = slots[has_initial].long()
+        assert torch.equal(got[has_initial], dequantize(q[kept], scale[kept]))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", STATE_DTYPES)
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
@@ -95,6 +128,15 @@ def test_bad_arguments_raise():
         scatter_state_slots(state, slots, torch.zeros(2, 2, 8, 16, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="each row contiguous"):
         scatter_state_slots(state, slots, torch.zeros(2, 2, 16, 8).transpose(-1, -2))
+    q, scale = state.to(torch.int8), torch.ones(4, 2, 8)
+    with pytest.raises(ValueError, match="int8 state only, got state dtype torch.float32"):
+        gather_state_slots(state, slots, None, scale)
+    with pytest.raises(ValueError, match=r"scale must have shape \(4, 2, 8\)"):
+        gather_state_slots(q, slots, None, torch.ones(4, 2, 16))
+    with pytest.raises(ValueError, match="scale must have dtype"):
+        gather_state_slots(q, slots, None, scale.bfloat16())
+    with pytest.raises(ValueError, match="scale must have each slot contiguous"):
+        gather_state_slots(q, slots, None, torch.ones(4, 8, 2).transpose(1, 2))
 
 
 @pytest.mark.parametrize("dtype", STATE_DTYPES)
@@ -105,6 +147,9 @@ def test_cpu_paths_match_reference(dtype):
     has_initial = torch.tensor([True, False, True])
     got = gather_state_slots_cpu(state, slots, has_initial)
     assert torch.equal(got, gather_state_slots_reference(state, slots, has_initial))
+    q, scale = int8_state_cache("cpu", 9, (3, 80, 16), pad=24)
+    got = gather_state_slots_cpu(q, slots, has_initial, scale)
+    assert torch.equal(got, gather_state_slots_reference(q, slots, has_initial, scale))
     values = torch.randn(3, 3, 80, 16).to(dtype)
     expected = state.clone()
     scatter_state_slots_reference(expected, slots, values)

@@ -59,7 +59,7 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     mamba2_speculative_decode_cpu,
 )
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
-from vllm_nemotron_h.ops.state_format import dequantize
+from vllm_nemotron_h.ops.state_slot_copy import interface as copy_op
 from vllm_nemotron_h.ops.state_slot_copy import kernel as copy_kernel
 from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu
 from vllm_nemotron_h.ops.support import use_triton
@@ -174,6 +174,7 @@ class LayerPlan:
             tail_op.check(out, gate, w.norm, no_rows)
         else:  # the mixer normalises after its op: the tail writes the states
             tail_op.check_final_states(no_rows)
+        copy_op.check_gather(ssm_state, no_slots, None, ssm_scale)  # a prefill's initial states
         self.kv_cache = kv_cache  # the binding this plan was made for
         self.conv_state, self.ssm_state, self.ssm_scale = conv_state, ssm_state, ssm_scale
         self.deferred = deferred
@@ -281,11 +282,10 @@ class LayerPlan:
 
     def gather_initial_states(self, slots: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
         """The prefill rows' initial SSM states (zeros where a row has none), in the state's
-        dtype, or in fp32 for an int8 state (dequantized)."""
-        states = self._gather(self.ssm_state, slots, has_initial)
-        if self.ssm_scale is None:
-            return states
-        return dequantize(states, self._gather(self.ssm_scale, slots, has_initial))
+        dtype, or in fp32 for an int8 state (dequantized in the same pass)."""
+        if self.on_triton:
+            return copy_kernel.gather(self.ssm_state, slots, has_initial, self.ssm_scale)
+        return gather_state_slots_cpu(self.ssm_state, slots, has_initial, self.ssm_scale)
 
     def scatter_final_states(self, slots: torch.Tensor, states: torch.Tensor) -> None:
         """Writes the prefill rows' final SSM states (the scan's dtype) into their slots,
@@ -330,8 +330,3 @@ class LayerPlan:
     def scan_state_dtype(self) -> torch.dtype:
         """The dtype vLLM's chunked scan hands this layer's states in."""
         return scan_state_dtype(self.ssm_state.dtype)
-
-    def _gather(self, state, slots, has_initial) -> torch.Tensor:
-        if self.on_triton:
-            return copy_kernel.gather(state, slots, has_initial)
-        return gather_state_slots_cpu(state, slots, has_initial)

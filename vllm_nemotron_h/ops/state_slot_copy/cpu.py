@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nemotron_h.ops.state_format import dequantize
+
 
 def gather_state_slots_cpu(
-    state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor | None
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial: torch.Tensor | None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same arguments and result as the interface's ``gather_state_slots``; no checks."""
     rows = state[slots.long()]
+    if scale is not None:
+        rows = dequantize(rows, scale[slots.long()])
     if has_initial is None:
         return rows
     return torch.where(has_initial.view(-1, *[1] * (state.dim() - 1)), rows, 0)

@@ -1,8 +1,10 @@
 """Copies between a state cache and the rows of a prefill batch, through the rows' slots.
 
-``gather_state_slots(state, slots, has_initial)`` -> (rows, *state.shape[1:]): row i is
-``state[slots[i]]``, or zeros where ``has_initial[i]`` is False (the initial states of a
-chunked scan; no read at all for rows without one).
+``gather_state_slots(state, slots, has_initial, scale)`` -> (rows, *state.shape[1:]): row i
+is ``state[slots[i]]``, or zeros where ``has_initial[i]`` is False (the initial states of a
+chunked scan; no read at all for rows without one). With ``scale``, an int8 state's per-row
+scales (num_slots, *per_slot[:-1]) fp32, row i is dequantized in the same pass:
+``state[slots[i]] * scale[slots[i]][..., None]`` in fp32, as the scan reads it.
 
 ``scatter_state_slots(state, slots, values)``: ``state[slots[i]] = values[i]`` (the final
 states of a prefill written into their slots).
@@ -10,7 +12,7 @@ states of a prefill written into their slots).
 Shapes: state (num_slots, *per_slot) with each slot contiguous (vLLM's state views may pad the
 slot stride), slots (rows,) int32 or int64 of any stride (a column of vLLM's block table),
 has_initial (rows,) bool, values (rows, *per_slot) with each row contiguous and state's dtype.
-Any dtype; a plain copy, no conversion.
+Any dtype; a plain copy, no conversion (but the int8 gather's dequantization).
 Why a kernel: PyTorch's index_put / index + where move the state at ~0.8 TB/s on the H100
 (16.4 ms of a 128-sequence Nemotron-H 8B prefill, bf16 state); these are one pass of
 16-byte loads and stores, and the gather reads nothing for rows without an initial state.
@@ -38,12 +40,21 @@ def check_state(state: torch.Tensor, slots: torch.Tensor) -> None:
 
 
 def check_gather(
-    state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor | None
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial: torch.Tensor | None,
+    scale: torch.Tensor | None = None,
 ) -> None:
     """Raises ValueError naming the first argument of a gather that does not fit."""
     check_state(state, slots)
     if has_initial is not None:
         check_tensor("has_initial", has_initial, (slots.shape[0],), (torch.bool,), state.device)
+    if scale is not None:
+        if state.dtype != torch.int8:
+            raise ValueError(f"scale goes with an int8 state only, got state dtype {state.dtype}")
+        check_tensor("scale", scale, tuple(state.shape[:-1]), (torch.float32,), state.device)
+        if not scale[0].is_contiguous():
+            raise ValueError(f"scale must have each slot contiguous, got strides {scale.stride()}")
 
 
 def check_scatter(state: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
@@ -57,14 +68,17 @@ def check_scatter(state: torch.Tensor, slots: torch.Tensor, values: torch.Tensor
 
 
 def gather_state_slots(
-    state: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor | None = None
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The slots' states as a new contiguous (rows, *per_slot) tensor; rows whose
-    ``has_initial`` is False are zeros."""
-    check_gather(state, slots, has_initial)
+    ``has_initial`` is False are zeros; with ``scale`` (int8 ``state``) dequantized, fp32."""
+    check_gather(state, slots, has_initial, scale)
     if not use_triton(state):
-        return gather_state_slots_cpu(state, slots, has_initial)
-    return kernel.gather(state, slots, has_initial)
+        return gather_state_slots_cpu(state, slots, has_initial, scale)
+    return kernel.gather(state, slots, has_initial, scale)
 
 
 def scatter_state_slots(state: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
