@@ -23,8 +23,9 @@ tp=${TP:-2}
 # results go to LOG_DIR (ignored by git): a later `run` copies the working tree again, which
 # resets tracked files under benchmarks/results/ to this checkout's versions
 results=$out/e2e-tp$tp-$gpu.json
-e2e() {
-  python3 benchmarks/e2e.py --tensor-parallel-size "$tp" --repeats 5 --output "$results" "$@"
+e2e() {  # ROUNDS in the environment: engines per implementation, alternating (default 1)
+  python3 benchmarks/e2e.py --tensor-parallel-size "$tp" --repeats 5 --rounds "${ROUNDS:-1}" \
+    --output "$results" "$@"
 }
 tp_case() {
   step "tp-$1" python3 -m pytest -m gpu tests/gpu/test_tensor_parallel_gpu.py -k "$1" -s \

@@ -378,6 +378,65 @@ def test_state_slot_copy_property(
     assert torch.equal(state, expected)
 
 
+INT8_GATHER_BROKEN = [None, None, None, "state not int8", "scale shape", "scale dtype",
+                      "scale slot not contiguous"]  # fmt: skip
+
+
+@SETTINGS
+@given(
+    seed=SEEDS,
+    num_slots=st.integers(1, 6),
+    rows=st.integers(0, 6),
+    per_slot=st.lists(st.integers(1, 40), min_size=2, max_size=3),
+    slot_dtype=st.sampled_from([torch.int32, torch.int64]),
+    pad=st.sampled_from([0, 0, 8]),
+    initial=st.sampled_from(["none", "all", "some"]),
+    broken=st.sampled_from(INT8_GATHER_BROKEN),
+)
+def test_int8_gather_dequantizes_property(
+    seed, num_slots, rows, per_slot, slot_dtype, pad, initial, broken
+):
+    """gather_state_slots with an int8 state's scales: fp32 rows equal to the reference's
+    (each element times its d_state row's scale), or a ValueError naming the argument."""
+    torch.manual_seed(seed)
+    rows = min(rows, num_slots)
+    n = 1
+    for d in per_slot:
+        n *= d
+    flat = torch.randint(-127, 128, (num_slots, n + pad), device=DEV, dtype=torch.int8)
+    q = flat[:, :n].view(num_slots, *per_slot)
+    scale = torch.rand(num_slots, *per_slot[:-1], device=DEV) * (torch.rand(()) < 0.8)
+    slots = torch.randperm(num_slots, device=DEV)[:rows].to(slot_dtype)
+    flags = {
+        "none": None,
+        "all": torch.ones(rows, dtype=torch.bool, device=DEV),
+        "some": torch.rand(rows, device=DEV) < 0.5,
+    }[initial]
+    if broken == "scale slot not contiguous":  # every other element of a wider tensor
+        scale = torch.stack([scale, scale], dim=-1)[..., 0]
+        if scale[0].is_contiguous():  # a slot of one scale: still valid
+            broken = None
+    match = {
+        "state not int8": "int8 state only",
+        "scale shape": "scale must have shape",
+        "scale dtype": "scale must have dtype",
+        "scale slot not contiguous": "scale must have each slot contiguous",
+    }.get(broken)
+    if broken == "state not int8":
+        q = q.float()
+    elif broken == "scale shape":
+        scale = scale[..., None]
+    elif broken == "scale dtype":
+        scale = scale.half()
+    if match is not None:
+        with refused("gather_state_slots (int8, dequantized)", match):
+            gather_state_slots(q, slots, flags, scale)
+        return
+    got = gather_state_slots(q, slots, flags, scale)
+    equal("gather_state_slots (int8, dequantized)", compared=bool(rows))
+    assert torch.equal(got, gather_state_slots_reference(q, slots, flags, scale))
+
+
 PREFILL_TAIL_BROKEN = [None, None, None, "slots float", "final_states dtype",
                        "final_states shape", "gate shape", "ssm_scale missing"]  # fmt: skip
 
