@@ -11,7 +11,8 @@
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
 #   e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
 #   engine: each rank's kernels per decode step, both implementations), host-8b-b1 (the
-#   8B at B=1 with rank 0's host time by op); default tests e2e-8b e2e-9b e2e-30b.
+#   8B at B=1 with rank 0's host time by op); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
+#   in the environment: the e2e rows from N engines per implementation, alternating.
 #   Every engine's log of the tests goes to LOG_DIR/engines.
 set -u
 out=${1:?usage: tp_job.sh LOG_DIR [STEP ...]}

@@ -309,18 +309,33 @@ def test_mamba2_decode_property(
 
 SLOT_COPY_BROKEN = [None, None, None, "slots float", "values dtype", "values shape",
                     "slot not contiguous", "has_initial length"]  # fmt: skip
+# A prefill's rows over a small state cache (the slot copies' draws)
+SLOT_ROWS = dict(
+    seed=SEEDS,
+    num_slots=st.integers(1, 6),
+    rows=st.integers(0, 6),
+    slot_dtype=st.sampled_from([torch.int32, torch.int64]),
+    pad=st.sampled_from([0, 0, 8]),
+    initial=st.sampled_from(["none", "all", "some"]),
+)
+
+
+def slots_and_flags(num_slots: int, rows: int, slot_dtype, initial: str):
+    """``rows`` distinct slots and the has-initial-state flags ``initial`` names."""
+    slots = torch.randperm(num_slots, device=DEV)[:rows].to(slot_dtype)
+    flags = {
+        "none": None,
+        "all": torch.ones(rows, dtype=torch.bool, device=DEV),
+        "some": torch.rand(rows, device=DEV) < 0.5,
+    }[initial]
+    return slots, flags
 
 
 @SETTINGS
 @given(
-    seed=SEEDS,
-    num_slots=st.integers(1, 6),
-    rows=st.integers(0, 6),
+    **SLOT_ROWS,
     per_slot=st.lists(st.integers(1, 40), min_size=1, max_size=3),
     dtype=DTYPES,
-    slot_dtype=st.sampled_from([torch.int32, torch.int64]),
-    pad=st.sampled_from([0, 0, 8]),
-    initial=st.sampled_from(["none", "all", "some"]),
     broken=st.sampled_from(SLOT_COPY_BROKEN),
 )
 def test_state_slot_copy_property(
@@ -336,12 +351,7 @@ def test_state_slot_copy_property(
         state = state.transpose(1, -1)
         if state[0].is_contiguous():  # one dim, or the swapped dims of size 1: still valid
             broken = None
-    slots = torch.randperm(num_slots, device=DEV)[:rows].to(slot_dtype)
-    flags = {
-        "none": None,
-        "all": torch.ones(rows, dtype=torch.bool, device=DEV),
-        "some": torch.rand(rows, device=DEV) < 0.5,
-    }[initial]
+    slots, flags = slots_and_flags(num_slots, rows, slot_dtype, initial)
     values = rnd(rows, *state.shape[1:], dtype=dtype)
     if broken == "slots float":
         slots = slots.float()
@@ -384,13 +394,8 @@ INT8_GATHER_BROKEN = [None, None, None, "state not int8", "scale shape", "scale 
 
 @SETTINGS
 @given(
-    seed=SEEDS,
-    num_slots=st.integers(1, 6),
-    rows=st.integers(0, 6),
+    **SLOT_ROWS,
     per_slot=st.lists(st.integers(1, 40), min_size=2, max_size=3),
-    slot_dtype=st.sampled_from([torch.int32, torch.int64]),
-    pad=st.sampled_from([0, 0, 8]),
-    initial=st.sampled_from(["none", "all", "some"]),
     broken=st.sampled_from(INT8_GATHER_BROKEN),
 )
 def test_int8_gather_dequantizes_property(
@@ -406,12 +411,7 @@ def test_int8_gather_dequantizes_property(
     flat = torch.randint(-127, 128, (num_slots, n + pad), device=DEV, dtype=torch.int8)
     q = flat[:, :n].view(num_slots, *per_slot)
     scale = torch.rand(num_slots, *per_slot[:-1], device=DEV) * (torch.rand(()) < 0.8)
-    slots = torch.randperm(num_slots, device=DEV)[:rows].to(slot_dtype)
-    flags = {
-        "none": None,
-        "all": torch.ones(rows, dtype=torch.bool, device=DEV),
-        "some": torch.rand(rows, device=DEV) < 0.5,
-    }[initial]
+    slots, flags = slots_and_flags(num_slots, rows, slot_dtype, initial)
     if broken == "scale slot not contiguous":  # every other element of a wider tensor
         scale = torch.stack([scale, scale], dim=-1)[..., 0]
         if scale[0].is_contiguous():  # a slot of one scale: still valid
