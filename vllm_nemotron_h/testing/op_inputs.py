@@ -34,20 +34,16 @@ class MambaShape:
     @classmethod
     def of_model(cls, model: str, tensor_parallel_size: int = 1) -> MambaShape:
         """One rank's shape of a real model of ``REAL_SHAPES``: its heads and groups split
-        over ``tensor_parallel_size`` ranks."""
+        over ``tensor_parallel_size`` ranks as the plugin's mixer splits them (n_groups 1 is
+        on every rank)."""
         s = REAL_SHAPES[model]
-        heads, groups = s["mamba_num_heads"], s["n_groups"]
-        if heads % tensor_parallel_size or groups % tensor_parallel_size:
+        heads, groups, tp = s["mamba_num_heads"], s["n_groups"], tensor_parallel_size
+        if heads % tp or (groups % tp and groups != 1):
             raise ValueError(
-                f"tensor_parallel_size={tensor_parallel_size} must divide {model}'s "
-                f"mamba_num_heads={heads} and n_groups={groups}"
+                f"tensor_parallel_size={tp} must divide {model}'s mamba_num_heads={heads} "
+                f"and its n_groups={groups} (unless 1)"
             )
-        return cls(
-            heads // tensor_parallel_size,
-            s["mamba_head_dim"],
-            s["ssm_state_size"],
-            groups // tensor_parallel_size,
-        )
+        return cls(heads // tp, s["mamba_head_dim"], s["ssm_state_size"], max(groups // tp, 1))
 
     @property
     def inner(self) -> int:

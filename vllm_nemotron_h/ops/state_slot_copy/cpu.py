@@ -14,9 +14,8 @@ def gather_state_slots_cpu(
     scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same arguments and result as the interface's ``gather_state_slots``; no checks."""
-    rows = state[slots.long()]
-    if scale is not None:
-        rows = dequantize(rows, scale[slots.long()])
+    index = slots.long()
+    rows = state[index] if scale is None else dequantize(state[index], scale[index])
     if has_initial is None:
         return rows
     return torch.where(has_initial.view(-1, *[1] * (state.dim() - 1)), rows, 0)
