@@ -50,7 +50,7 @@ def compile_sass(
         BLOCK_N=128,
         TILES=tiles,
         PER_HEAD=takes_per_head_values(state_dtype == "i8", head_dim, block_m * tiles),
-        FLOOR_BY_ADD=True,
+        INLINE_PTX=True,
     )
     constexprs.update({name: 1 for name in UNIT_STRIDES})
     pointers = {name: "*bf16" for name in ACTIVATION_PTRS}

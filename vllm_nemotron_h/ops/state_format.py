@@ -5,9 +5,9 @@ update with store_quantized_step, the same formula for rows it holds as f * u).
 A state row is one (slot, head, head_dim row) over d_state. It is stored as symmetric int8
 values q in [-127, 127] and one fp32 scale: value = q * scale, scale = max |row| / 127,
 recomputed from the row at every write; q = clamp(floor(value / scale + 1/2)), i.e. rounded
-to nearest. A row whose max |value| is at most MIN_ROW_MAX (zeros, or values decayed to
-fp32's subnormal range, where 127 / max would overflow) stores scale 0 and q 0. The scales
-of a state of shape
+to nearest (the GPU's state update rounds ties to even: store_quantized_step). A row whose
+max |value| is at most MIN_ROW_MAX (zeros, or values decayed to fp32's subnormal range, where
+127 / max would overflow) stores scale 0 and q 0. The scales of a state of shape
 (num_slots, nheads, head_dim, d_state) have shape (num_slots, nheads, head_dim).
 """
 

@@ -130,34 +130,53 @@ MIN_OLD_ROW_SCALE = tl.constexpr(5.421010862427522e-20)
 
 
 @triton.jit
-def quantized_state_step(q, row_scale, x, Bv, dt, A):
+def reciprocal(v, INLINE_PTX: tl.constexpr):
+    """1 / v for a normal fp32 v (or inf, or NaN). INLINE_PTX (GPU only: the interpreter runs
+    no PTX): rcp.approx.ftz, one instruction within an ulp, where Triton's division adds a
+    range check and two scalings; the int8 update is bound by instruction issue."""
+    if INLINE_PTX:
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [v], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 / v
+
+
+@triton.jit
+def quantized_state_step(q, row_scale, x, Bv, dt, A, INLINE_PTX: tl.constexpr):
     """state_step for an int8 tile, in the old rows' units: with f = decay * row_scale per row
     (at least MIN_OLD_ROW_SCALE), the new values are f * u, u = q + B * (dt x / f), one FMA an
     element where the direct form converts, scales and adds. The int8 update is bound by
     instruction issue, not by its bytes (benchmarks/NOTES.md). Returns (u, f)."""
     dt = softplus(dt)
     f = tl.maximum(tl.exp(A * dt) * row_scale, MIN_OLD_ROW_SCALE)
-    return q.to(tl.float32) + ((dt * x) / f)[:, None] * Bv[None, :], f
+    return q.to(tl.float32) + (dt * x * reciprocal(f, INLINE_PTX))[:, None] * Bv[None, :], f
 
 
 @triton.jit
-def store_quantized_step(state_ptrs, scale_ptrs, u, f, tile_ok, live, FLOOR_BY_ADD: tl.constexpr):
+def store_quantized_step(state_ptrs, scale_ptrs, u, f, tile_ok, live, INLINE_PTX: tl.constexpr):
     """Stores rows f * u (quantized_state_step's) in the int8 format of quantize_rows: scale
-    f * max|u| / 127, q = floor(u * 127 / max|u| + 1/2) (f cancels). FLOOR_BY_ADD (GPU only:
-    the interpreter runs no PTX) takes floor(v) for |v| <= 128 from one add rounded toward
-    -inf instead of a floor and a float-to-int conversion: 0f4B400000 is 1.5 * 2^23, whose
-    ulp is 1, so the sum's low bits hold floor(v) in two's complement."""
+    f * max|u| / 127, q = u * 127 / max|u| rounded to nearest (f cancels). INLINE_PTX (GPU
+    only): one FMA rounds, 1.5 * 2^23 + u * inv (0f4B400000; its ulp is 1, so the sum's low
+    bits hold the rounded value in two's complement) where floor(v + 1/2) takes an FMA, a
+    floor and a conversion; ties go to even there, up in the references (state_format)."""
     amax = tl.max(tl.abs(u), axis=1)
+    # a kept row's max is at least 1 in these units (its largest old q), or the new part
+    # alone above MIN_ROW_MAX / MIN_OLD_ROW_SCALE: never subnormal, as rcp.approx.ftz needs
     kept = f * amax > 1e-30  # state_format.MIN_ROW_MAX
-    inv = tl.where(kept, 127.0 / amax, 0.0)
-    v = u * inv[:, None] + 0.5
-    if FLOOR_BY_ADD:
+    inv = tl.where(kept, 127.0 * reciprocal(amax, INLINE_PTX), 0.0)
+    if INLINE_PTX:
         bits = tl.inline_asm_elementwise(
-            "add.rm.f32 $0, $1, 0f4B400000;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1
+            "fma.rn.f32 $0, $1, $2, 0f4B400000;",
+            "=r,r,r",
+            [u, inv[:, None]],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
         )
         q = bits.to(tl.int32, bitcast=True).to(tl.int8)
     else:
-        q = tl.floor(v).to(tl.int8)
+        q = tl.floor(u * inv[:, None] + 0.5).to(tl.int8)
     tl.store(state_ptrs, q, mask=tile_ok)
     tl.store(scale_ptrs, tl.where(kept, f * amax / 127.0, 0.0), mask=live)
 

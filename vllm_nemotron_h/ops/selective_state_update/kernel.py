@@ -94,7 +94,7 @@ def _selective_state_update_kernel(
     BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,
     PER_HEAD: tl.constexpr,
-    FLOOR_BY_ADD: tl.constexpr,
+    INLINE_PTX: tl.constexpr,
 ):
     first_row = tl.program_id(0) * (BLOCK_M * TILES)
     b = tl.program_id(1).to(tl.int64)
@@ -144,8 +144,8 @@ def _selective_state_update_kernel(
         tile_ptrs = state_base + (ht * s_head + pt * s_dim)[:, None]
         tile_scales = scale_base + ht * sc_head + pt * sc_dim
         if QUANTIZED:
-            u, f = quantized_state_step(s, row_scale, x, Bv, dt, A)
-            store_quantized_step(tile_ptrs, tile_scales, u, f, tile_ok, live, FLOOR_BY_ADD)
+            u, f = quantized_state_step(s, row_scale, x, Bv, dt, A, INLINE_PTX)
+            store_quantized_step(tile_ptrs, tile_scales, u, f, tile_ok, live, INLINE_PTX)
             y = f * tl.sum(u * Cv[None, :], axis=1) + D * x
         else:
             new = state_step(s, row_scale, x, Bv, dt, A)
@@ -192,6 +192,6 @@ def launch(
         HEAD_DIM=head_dim, QUANTIZED=state_scale is not None, HAS_Z=z is not None,
         HAS_SLOTS=slots is not None, BLOCK_M=block_m, BLOCK_N=triton.next_power_of_2(d_state),
         TILES=tiles, PER_HEAD=per_head,
-        FLOOR_BY_ADD=state.is_cuda, num_warps=num_warps,
+        INLINE_PTX=state.is_cuda, num_warps=num_warps,
     )  # fmt: skip
     return out
