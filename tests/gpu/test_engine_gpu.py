@@ -12,6 +12,7 @@ import torch
 
 from tests.engines import NGRAM, ROOT, SPECULATION_PROMPTS, run_engine
 from tests.reference import hf_greedy
+from training.pycode_data import heldout_stream
 from vllm_nemotron_h.testing.checkpoints import write_fp8_checkpoint, write_tiny_checkpoint
 
 pytestmark = [
@@ -345,3 +346,27 @@ def test_ngram_speculation_on_the_plugin(tmp_path, ssm_state):
     equal = figures["equal_to_plain"]
     assert sum(n == NEW for n in equal) >= 3 * len(equal) // 4, equal
     assert min(equal) >= 8, equal
+
+
+def test_prefix_caching_in_mamba_cache_mode_all_runs_the_plugin():
+    """vLLM 0.26's default Mamba cache mode for Nemotron-H with prefix caching, 'all', which
+    vLLM turns into 'align' for the plugin's model with its own warning: on the shipped
+    model the plugin serves it, and a prompt extending a cached one, and the cached prompt
+    again, decode as runs without prefix caching do (prompts prefilled in chunks that end
+    at the cached block boundary, 256 tokens, in both engines)."""
+    model = ROOT / "models" / "nemotron-h-pycode"
+    stream = heldout_stream(model)
+    base, longer = stream[:300], stream[:337]
+    engine = dict(ENGINE, max_model_len=1024, block_size=64, max_num_batched_tokens=256)
+    spec = dict(model=str(model), max_tokens=32)
+    hits = run_engine(
+        dict(spec, prompts=[base], jobs=[[longer], [base]],
+             engine=dict(engine, enable_prefix_caching=True, mamba_cache_mode="all"))
+    )  # fmt: skip
+    cold = run_engine(
+        dict(spec, prompts=[longer], jobs=[[base]],
+             engine=dict(engine, enable_prefix_caching=False))
+    )  # fmt: skip
+    assert hits["model_class"].startswith("vllm_nemotron_h.")
+    assert hits["jobs"][0][0] == cold["tokens"][0], "after a prefix-cache hit"
+    assert hits["jobs"][1][0] == cold["jobs"][0][0] == hits["tokens"][0], "a full hit"
