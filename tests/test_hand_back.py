@@ -54,30 +54,13 @@ def test_reason_names_the_field(changes, named):
         hand_back_reason(vllm_config("int8", **changes))
 
 
-@pytest.mark.parametrize("method", ["ngram", "ngram_gpu", "suffix"])
+@pytest.mark.parametrize("method", ["ngram", "ngram_gpu", "suffix", "mtp"])
 @pytest.mark.parametrize("ssm_state", ["auto", "int8"])
-def test_speculation_from_tokens_runs_on_the_plugin(method, ssm_state):
-    """Drafts proposed from the tokens alone are verified by the plugin's model
-    (tests/test_speculative_decoding.py runs them)."""
+def test_speculation_runs_on_the_plugin(method, ssm_state):
+    """Drafts proposed from the tokens alone or by the checkpoint's MTP layers are verified
+    by the plugin's model (tests/test_speculative_decoding.py, tests/gpu/test_engine_gpu.py
+    run them)."""
     assert hand_back_reason(vllm_config(ssm_state, spec_tokens=3, spec_method=method)) is None
-
-
-@pytest.mark.parametrize("ssm_state", ["auto", "int8"])
-def test_mtp_drafts_run_on_the_plugin_where_verified(monkeypatch, ssm_state):
-    """The checkpoint's MTP layers draft and the plugin's model verifies on CPU
-    (tests/test_speculative_decoding.py runs it); on a GPU, where that has not run yet,
-    vLLM's model serves MTP (an int8 state, which only the plugin has, is refused naming
-    both)."""
-    from vllm_nemotron_h.model_executor import validation
-
-    config = vllm_config(ssm_state, spec_tokens=2, spec_method="mtp")
-    assert hand_back_reason(config) is None
-    monkeypatch.setattr(validation, "on_cpu", lambda: False)
-    if ssm_state == "int8":
-        with pytest.raises(UnsupportedConfigError, match="'int8' needs.*method='mtp'"):
-            hand_back_reason(config)
-    else:
-        assert hand_back_reason(config).startswith("speculative_config.method='mtp', the")
 
 
 @pytest.mark.parametrize("model", sorted(REAL_SHAPES))

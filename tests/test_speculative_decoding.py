@@ -82,6 +82,9 @@ def test_accepted_counts_follow_each_sequences_progress():
     # slot 3's next owner: a prompt, then its first decode
     assert step([3], [6], [6], 0) == []
     assert step([3], [7], [1], 1) == [1]
+    # slot 6: a prompt of 4 tokens run as a decode row keeps all 4 tokens' states
+    step([6], [4], [4], 1)
+    assert step([6], [5], [1], 1) == [4]
 
 
 @pytest.mark.parametrize(

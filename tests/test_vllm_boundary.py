@@ -62,42 +62,48 @@ def test_plugin_never_imports_testing():
     assert out.strip().splitlines()[-1] == "[]"
 
 
-def test_first_prompt_tokens_with_placeholder_drafts_run_as_decodes():
-    """A prompt's one token scheduled with vLLM 0.32's placeholder drafts (a row of 1 + drafts
-    tokens, no state before it) is marked for the decode path like a one-token prompt; where
-    the split leaves it among the prefills, its placeholder tokens are named for the prefill
-    to pass the state through."""
+def test_prompt_rows_of_a_decode_rows_tokens_run_as_decodes():
+    """Prompt rows a decode CUDA graph would take by shape run as decodes: a prompt's one
+    token, the same with vLLM 0.32's placeholder drafts (a row of 1 + drafts tokens, no state
+    before it), and under speculative decoding a prompt chunk of 1 + drafts tokens (a first
+    chunk or a later one). Where the split leaves a placeholder row among the prefills, its
+    placeholder tokens are named for the prefill to pass the state through."""
     from types import SimpleNamespace
 
     import torch
 
-    from vllm_nemotron_h.vllm_boundary.metadata import PlaceholderPrefills, first_tokens_as_decodes
+    from vllm_nemotron_h.vllm_boundary.metadata import PlaceholderPrefills, prompt_rows_as_decodes
 
     # Rows: a decode with 2 drafts, a 3-token prompt, a 1-token prompt with 2 placeholders,
-    # a 1-token prompt, a second chunk of a prompt (state before it).
-    query_start = torch.tensor([0, 3, 6, 9, 10, 13])
+    # a 1-token prompt, a second chunk of a prompt (state before it), a 3-token later chunk.
+    query_start = torch.tensor([0, 3, 6, 9, 10, 14, 17])
     common = SimpleNamespace(
-        is_prefilling=torch.tensor([False, True, True, True, True]),
-        seq_lens_cpu_upper_bound=torch.tensor([40, 3, 3, 1, 20]),
+        is_prefilling=torch.tensor([False, True, True, True, True, True]),
+        seq_lens_cpu_upper_bound=torch.tensor([40, 3, 3, 1, 20, 9]),
         query_start_loc_cpu=query_start,
         replace=lambda **kw: SimpleNamespace(**{**vars(common), **kw}),
     )
-    drafts = torch.tensor([2, -1, 2, -1, -1])
-    marked, rows = first_tokens_as_decodes(common, drafts)
-    assert rows.tolist() == [2, 3]
-    assert marked.is_prefilling.tolist() == [False, True, False, False, True]
-    _, rows_without_drafts = first_tokens_as_decodes(common)
-    assert rows_without_drafts.tolist() == [3]
+    drafts = torch.tensor([2, -1, 2, -1, -1, -1])
+    marked, rows = prompt_rows_as_decodes(common, 3, drafts)
+    assert rows.rows.tolist() == [1, 2, 3, 5] and rows.tokens.tolist() == [3, 3, 1, 3]
+    assert rows.new.tolist() == [True, True, True, False]
+    assert rows.placeholders.tolist() == [False, True, False, False]
+    assert marked.is_prefilling.tolist() == [False, False, False, False, True, False]
+    # without speculation: only the one-token prompt (a 3-token chunk is a prefill's)
+    _, plain = prompt_rows_as_decodes(common)
+    assert plain.rows.tolist() == [3] and plain.new.tolist() == [True]
     # a step of decodes alone comes back as it was
-    decodes = SimpleNamespace(**{**vars(common), "is_prefilling": torch.zeros(5, dtype=bool)})
-    marked_decodes, no_rows = first_tokens_as_decodes(decodes, drafts)
+    decodes = SimpleNamespace(**{**vars(common), "is_prefilling": torch.zeros(6, dtype=bool)})
+    marked_decodes, no_rows = prompt_rows_as_decodes(decodes, 3, drafts)
     assert marked_decodes is decodes and no_rows is None
-    # The split stops at the 3-token prompt: one decode row (3 tokens), rows 2 and 3 prefill.
+    # The split stops after the 3-token prompt: rows 2..5 prefill.
+    assert rows.before(2).rows.tolist() == [1]
+    assert rows.past(2).tolist() == [2]
     metadata = SimpleNamespace(
-        num_decodes=1, num_decode_tokens=3, state_indices_tensor_p=torch.tensor([5, 6, 7, 8])
+        num_decodes=2, num_decode_tokens=6, state_indices_tensor_p=torch.tensor([5, 6, 7, 8])
     )
-    found = PlaceholderPrefills.of(common, rows, metadata)
-    assert found.rows.tolist() == [1]  # the prefill rows: 3-token prompt, row 2, row 3, row 4
-    assert found.tokens.tolist() == [3]  # prefill-relative: row 2 starts at token 6 - 3
-    assert found.placeholders.tolist() == [4, 5]
+    found = PlaceholderPrefills.of(common, rows.past(2), metadata)
+    assert found.rows.tolist() == [0]  # the prefill rows: row 2, 3, 4, 5
+    assert found.tokens.tolist() == [0]  # prefill-relative: row 2 starts at token 6 - 6
+    assert found.placeholders.tolist() == [1, 2]
     assert PlaceholderPrefills.of(common, torch.tensor([3]), metadata) is None

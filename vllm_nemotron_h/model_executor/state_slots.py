@@ -9,8 +9,8 @@ All Mamba layers of a KV-cache group share one builder, hence one tensor per ste
 ``DecodePlan`` (the decode tail's workspace and launch table), made with the slot buffer and
 handed to the layers through the metadata.
 
-A prompt's first token, when it is the step's only token of that prompt, runs as a decode
-row (the boundary's builder says which rows): the builder zeroes those rows' slots in every
+A prompt chunk of a decode row's tokens runs as a decode row (the boundary's builder says
+which rows, and why): the builder zeroes the slots of those that start their prompt in every
 state tensor (conv, SSM, scales, rings) of every layer of its group before the step, so the
 decode starts from the empty state a prefill would, in eager mode and in a replayed CUDA
 graph alike.
@@ -49,6 +49,7 @@ from vllm_nemotron_h.vllm_boundary.metadata import (
     Mamba2AttentionMetadata,
     Mamba2MetadataBuilder,
     PlaceholderPrefills,
+    PromptRows,
     decode_slots,
     max_num_seqs,
 )
@@ -70,14 +71,18 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # as the CPU path indexes them (made once per step for every layer)
     live_rows_d: LiveRows | None = None
     decode_plan: DecodePlan | None = None
-    # decode rows that are a prompt's first token (CPU int64; their slots are zeroed first)
-    first_token_rows_d: torch.Tensor | None = None
+    # decode rows made of prompt tokens (vllm_boundary.metadata)
+    prompt_rows_d: PromptRows | None = None
     # prefill rows of a prompt token and placeholder drafts (vllm_boundary.metadata)
     placeholder_prefills: PlaceholderPrefills | None = None
     # Under speculative decoding: every row's first token (rows + 1, vLLM's buffer), and the
     # decode rows' accepted counts as the builder counted them (used where vLLM gives none).
     query_start_rows: torch.Tensor | None = None
     counted_accepted_d: torch.Tensor | None = None
+    # Under speculative decoding, once per step: each decode row's count of tokens a row of
+    # prompt tokens run as a decode kept at its previous step (0: vLLM's count stands)
+    prompt_tokens_kept_d: torch.Tensor | None = None
+    prompt_tokens_counted: bool = False
     # With deferred writes, once per step for every layer: the prefill rows' slots (int64),
     # and those of rows with an initial state, the null slot elsewhere (their rings are
     # written into their states before the prefill reads them), or None.
@@ -109,6 +114,8 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         # tokens each slot's sequence had computed before its last step (its prefill's last
         # token for a prefill), by slot: made at the first step, when the states are bound
         self.tokens_before: torch.Tensor | None = None
+        # tokens a row of prompt tokens run as a decode kept, by slot (prompt_tokens_kept)
+        self.kept: torch.Tensor | None = None
         self.counts_accepted = self.draft_tokens > 0 and mamba_cache_mode(vllm_config) == "none"
         self.deferred_writes = state_layout(vllm_config).ring_size > 0
         self.rings_may_hold_tokens = False  # a decode step has deferred since the last flush
@@ -128,6 +135,9 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 )
         if self.counts_accepted and metadata.counted_accepted_d is None:
             metadata.counted_accepted_d = self.count_accepted(metadata)
+        if self.draft_tokens and not metadata.prompt_tokens_counted:
+            metadata.prompt_tokens_kept_d = self.prompt_tokens_kept(metadata)
+            metadata.prompt_tokens_counted = True
         if metadata.num_decodes > 0:
             slots = decode_slots(metadata)
             rows = slots.shape[0]
@@ -146,8 +156,10 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                     metadata.state_slots_d, metadata.query_start_d, metadata.num_accepted_d,
                     NULL_BLOCK_ID,
                 )  # fmt: skip
-            if metadata.first_token_rows_d is not None and len(metadata.first_token_rows_d):
-                self.zero_slots(slots[metadata.first_token_rows_d.to(slots.device)].long())
+            prompt_rows = metadata.prompt_rows_d
+            if prompt_rows is not None and bool(prompt_rows.new.any()):
+                new_rows = prompt_rows.rows[prompt_rows.new].to(slots.device)
+                self.zero_slots(slots[new_rows].long())
             if self.deferred_writes:
                 self.keep_rings_empty_for_fused_steps(rows)
         return metadata
@@ -167,10 +179,42 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         else:
             self.query_start[: rows + 1].copy_(metadata.query_start_loc_d, non_blocking=True)
             self.num_accepted[:rows].copy_(metadata.num_accepted_tokens, non_blocking=True)
-        if metadata.first_token_rows_d is not None:
-            self.num_accepted[metadata.first_token_rows_d.to(self.num_accepted.device)] = 1
+        prompt_rows = metadata.prompt_rows_d
+        if prompt_rows is not None:  # a new prompt reads its zeroed first slot
+            self.num_accepted[prompt_rows.rows[prompt_rows.new].to(self.num_accepted.device)] = 1
+        kept = metadata.prompt_tokens_kept_d
+        if kept is not None:
+            self.num_accepted[:rows] = torch.where(kept > 0, kept, self.num_accepted[:rows])
         metadata.query_start_d = self.query_start[: rows + 1]
         metadata.num_accepted_d = self.num_accepted[:rows]
+
+    def prompt_tokens_kept(self, metadata: StateSlotsMetadata) -> torch.Tensor | None:
+        """A row of prompt tokens alone that ran as a decode keeps all of its tokens, where
+        vLLM counts one accepted token after it, as after any prefill. The builder keeps, by
+        slot, the count such a row leaves for its sequence's next step (0: none; a prefill,
+        or a prompt that starts in the slot, clears it) and returns the decode rows' counts
+        from there (0: vLLM's count stands), or None while no such row has run. Once per
+        step: the metadata vLLM copies for other groups carries the counts."""
+        prompt_rows = metadata.prompt_rows_d
+        whole, tokens = (None, None) if prompt_rows is None else prompt_rows.kept_whole()
+        if self.kept is None and (whole is None or not len(whole)):
+            return None
+        device = self.num_accepted.device
+        if self.kept is None:
+            ssm_state = mixer_states(mixers_of(self.vllm_config, self.layer_names)[0])[1]
+            self.kept = torch.zeros(ssm_state.shape[0], dtype=torch.int64, device=device)
+        if metadata.num_prefills > 0:
+            self.kept[metadata.state_indices_tensor_p.long()] = 0
+        if metadata.num_decodes == 0:
+            return None
+        first_slots = decode_slots(metadata).long()
+        if prompt_rows is not None and bool(prompt_rows.new.any()):
+            self.kept[first_slots[prompt_rows.rows[prompt_rows.new].to(device)]] = 0
+        kept = self.kept[first_slots]
+        self.kept[first_slots] = 0
+        if whole is not None and len(whole):
+            self.kept[first_slots[whole.to(device)]] = tokens.to(device, torch.int64)
+        return kept
 
     def count_accepted(self, metadata: StateSlotsMetadata) -> torch.Tensor:
         """The decode rows' accepted counts of their previous step (device int64, 1 to

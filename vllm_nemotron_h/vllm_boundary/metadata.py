@@ -14,15 +14,18 @@ from vllm.v1.attention.backends.mamba2_attn import (
 )
 from vllm.v1.attention.backends.utils import NULL_BLOCK_ID  # 0 in both: vLLM's null block
 
+from vllm_nemotron_h.vllm_boundary.config import speculative_tokens
+
 __all__ = [
     "NULL_BLOCK_ID",
     "PlaceholderPrefills",
     "Mamba2AttentionBackend",
     "Mamba2AttentionMetadata",
     "Mamba2MetadataBuilder",
+    "PromptRows",
     "decode_slots",
-    "first_tokens_as_decodes",
     "max_num_seqs",
+    "prompt_rows_as_decodes",
 ]
 
 
@@ -35,16 +38,21 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
     zeroed slot: vLLM dispatches its CUDA graphs by shape, so a step whose rows all have one
     token replays the decode graph even when one row is a prompt's first token, which vLLM's
     metadata calls a prefill (the graph would then read the row's slot through a stale
-    index). Under speculative decoding vLLM 0.32 schedules such a prompt's token with
-    placeholder drafts (a row of 1 + drafts tokens, to keep its decode graph uniform): that
-    row too runs as a decode, whose state after each token is kept and rolled back by the
-    next step's accepted count, where a prefill would keep the state after the
-    placeholders. The metadata's ``first_token_rows_d`` (the metadata class declares it)
-    names those decode rows; ``complete`` must zero their slots (and, under speculative
-    decoding, count one accepted token for them) before the step runs. Such a row that the
-    split leaves among the prefills (a prefill of a few tokens before it) stays a prefill;
-    ``placeholder_prefills`` names it, and the prefill must then keep the state after the
-    prompt token alone.
+    index). So does any prompt chunk of a decode row's tokens (1, or 1 + K under speculative
+    decoding with K drafts): it runs as a decode row from the state the previous chunk left
+    in its slot, or from a zeroed slot if it starts the prompt; under speculative decoding
+    the state after each of its tokens is kept, and the next step must read the one after
+    its last token, where vLLM counts one accepted token as after a prefill. vLLM 0.32
+    schedules a prompt's first token with placeholder drafts (a row of 1 + drafts tokens, to
+    keep its decode graph uniform): that row too runs as a decode, whose state after each
+    token is kept and rolled back by the next step's accepted count (one), where a prefill
+    would keep the state after the placeholders. The metadata's ``prompt_rows_d`` (the
+    metadata class declares it) names those decode rows; before the step runs, ``complete``
+    must zero the slots of those that start their prompt and, under speculative decoding,
+    count one accepted token for those and all of a row's tokens at the row's next step.
+    Such a placeholder row that the split leaves among the prefills (a prefill of a few
+    tokens before it) stays a prefill; ``placeholder_prefills`` names it, and the prefill
+    must then keep the state after the prompt token alone.
 
     vLLM 0.26 passes the accepted counts (``num_accepted_tokens``) only to steps in which some
     row verifies drafts; ``query_start_rows`` (every row's first token, set here) lets
@@ -53,6 +61,11 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
     def complete(self, metadata: Mamba2AttentionMetadata) -> Mamba2AttentionMetadata:
         return metadata
 
+    @property
+    def decode_query_len(self) -> int:
+        """Tokens of a row of the decode CUDA graphs: 1 + the draft tokens."""
+        return 1 + speculative_tokens(self.vllm_config)
+
     def build(
         self,
         common_prefix_len: int,
@@ -60,17 +73,17 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
         fast_build: bool = False,
         **kwargs: Any,
     ) -> Mamba2AttentionMetadata:
-        common_attn_metadata, first_token = first_tokens_as_decodes(
-            common_attn_metadata, kwargs.get("num_decode_draft_tokens_cpu")
+        common_attn_metadata, prompt_rows = prompt_rows_as_decodes(
+            common_attn_metadata, self.decode_query_len, kwargs.get("num_decode_draft_tokens_cpu")
         )
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
         metadata.placeholder_prefills = None
-        if first_token is not None:  # rows past the decode rows stay prefills (no state read)
+        if prompt_rows is not None:  # rows past the decode rows stay prefills
             metadata.placeholder_prefills = PlaceholderPrefills.of(
-                common_attn_metadata, first_token[first_token >= metadata.num_decodes], metadata
+                common_attn_metadata, prompt_rows.past(metadata.num_decodes), metadata
             )
-            first_token = first_token[first_token < metadata.num_decodes]
-        metadata.first_token_rows_d = first_token
+            prompt_rows = prompt_rows.before(metadata.num_decodes)
+        metadata.prompt_rows_d = prompt_rows
         # every row's first token (vLLM's runner buffer, on the device): the builder follows
         # each sequence's progress from it under speculative decoding
         metadata.query_start_rows = common_attn_metadata.query_start_loc
@@ -111,29 +124,67 @@ class PlaceholderPrefills:
         )
 
 
-def first_tokens_as_decodes(
-    common_attn_metadata: Any, draft_tokens: torch.Tensor | None = None
-) -> tuple[Any, torch.Tensor | None]:
-    """``common_attn_metadata`` with rows that are a prompt's first and only scheduled token
-    (with placeholder drafts where ``draft_tokens``, vLLM 0.32's per-row draft counts of
-    decode transactions, -1 elsewhere, say so) no longer marked prefilling (vLLM's split then
-    counts them as decodes: its reordering puts rows of up to 1 + drafts tokens before
-    longer ones), and the indices of those rows (CPU int64), or None."""
+@dataclass
+class PromptRows:
+    """Prompt rows that run as decode rows (batch rows, CPU int64, ascending), their tokens,
+    and which of them start their prompt (``new``: no state before them) and which hold vLLM
+    0.32's placeholder drafts after their one prompt token (``placeholders``), as bool
+    masks."""
+
+    rows: torch.Tensor
+    tokens: torch.Tensor
+    new: torch.Tensor
+    placeholders: torch.Tensor
+
+    def before(self, num_decodes: int) -> PromptRows | None:
+        """Those among the first ``num_decodes`` rows (the split's decode rows), or None."""
+        keep = self.rows < num_decodes
+        if not bool(keep.any()):
+            return None
+        return PromptRows(
+            self.rows[keep], self.tokens[keep], self.new[keep], self.placeholders[keep]
+        )
+
+    def kept_whole(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows of several prompt tokens (no placeholders), all of them kept, and their
+        token counts."""
+        whole = ~self.placeholders & (self.tokens > 1)
+        return self.rows[whole], self.tokens[whole]
+
+    def past(self, num_decodes: int) -> torch.Tensor:
+        """The placeholder rows the split left among the prefills."""
+        return self.rows[(self.rows >= num_decodes) & self.placeholders]
+
+
+def prompt_rows_as_decodes(
+    common_attn_metadata: Any, decode_query_len: int = 1, draft_tokens: torch.Tensor | None = None
+) -> tuple[Any, PromptRows | None]:
+    """``common_attn_metadata`` with the prompt rows that must run as decode rows no longer
+    marked prefilling (vLLM's split then counts them as decodes: its reordering puts rows of
+    up to ``decode_query_len`` tokens before longer ones), and those rows, or None: a
+    prompt's first and only scheduled token (with placeholder drafts where
+    ``draft_tokens``, vLLM 0.32's per-row draft counts of decode transactions, -1 elsewhere,
+    say so), and any prompt chunk of ``decode_query_len`` tokens (a row of the decode CUDA
+    graphs' shape)."""
     is_prefilling = common_attn_metadata.is_prefilling  # CPU, as vLLM's split reads it
     seq_lens = common_attn_metadata.seq_lens_cpu_upper_bound
     # a step of decodes alone (most steps) pays one op here: this runs on the host every step
     if is_prefilling is None or seq_lens is None or not bool(is_prefilling.any()):
         return common_attn_metadata, None
     query_lens = torch.diff(common_attn_metadata.query_start_loc_cpu)
-    one_token = query_lens == 1
+    new = seq_lens == query_lens
+    placeholders = torch.zeros_like(is_prefilling)
     if draft_tokens is not None:
         drafts = draft_tokens[: len(query_lens)]
-        one_token |= (drafts >= 0) & (query_lens == drafts + 1)
-    first_token = is_prefilling & one_token & (seq_lens == query_lens)
-    if not bool(first_token.any()):
+        placeholders = new & (drafts > 0) & (query_lens == drafts + 1)
+    as_decode = is_prefilling & (
+        (query_lens == decode_query_len) | (new & (query_lens == 1)) | placeholders
+    )
+    if not bool(as_decode.any()):
         return common_attn_metadata, None
-    rows = first_token.nonzero().flatten()
-    return common_attn_metadata.replace(is_prefilling=is_prefilling & ~first_token), rows
+    rows = as_decode.nonzero().flatten()
+    marked = common_attn_metadata.replace(is_prefilling=is_prefilling & ~as_decode)
+    return marked, PromptRows(rows, query_lens[rows], new[rows], placeholders[rows])
 
 
 def decode_slots(metadata: Mamba2AttentionMetadata) -> torch.Tensor:

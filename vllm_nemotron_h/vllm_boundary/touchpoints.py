@@ -208,7 +208,7 @@ def _check_metadata() -> None:
     _require(metadata.NULL_BLOCK_ID == 0, f"NULL_BLOCK_ID is {metadata.NULL_BLOCK_ID}, not 0")
 
 
-def _check_first_token_decodes() -> None:
+def _check_prompt_row_decodes() -> None:
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends import mamba_attn
 
@@ -468,17 +468,18 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         _check_metadata,
     ),
     Touchpoint(
-        "first-token-decodes",
+        "prompt-row-decodes",
         "CommonAttentionMetadata.is_prefilling / seq_lens_cpu_upper_bound / replace, the Mamba "
         "builder's split by is_prefilling, vllm.config.get_layers_from_vllm_config",
-        "vLLM picks a full CUDA graph by shape, so a step whose rows all have one token replays "
-        "the decode graph even when a row is a prompt's first token, which vLLM's Mamba "
-        "metadata treats as a prefill (the graph then reads that row through a stale slot "
-        "index: a wrong first token, vLLM issue #57720); the builder runs such rows as decodes "
-        "from slots it zeroes in the group's layers",
+        "vLLM picks a full CUDA graph by shape, so a step whose rows all have a decode row's "
+        "tokens (1, or 1 + K with K drafts) replays the decode graph even when a row is a "
+        "prompt chunk, which vLLM's Mamba metadata treats as a prefill (the graph then reads "
+        "that row through a stale slot index: a wrong first token, vLLM issue #57720); the "
+        "builder runs such rows as decodes, from slots it zeroes in the group's layers where "
+        "the chunk starts its prompt",
         BOTH,
         "vLLM dispatching full CUDA graphs only for steps without prefilling rows",
-        _check_first_token_decodes,
+        _check_prompt_row_decodes,
     ),
     Touchpoint(
         "speculative-decode-metadata",
