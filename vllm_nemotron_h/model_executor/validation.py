@@ -8,7 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_nemotron_h.model_executor.ssm_state_cache import StateLayout
-from vllm_nemotron_h.ops.support import CONV_WIDTH_RANGE, D_STATE_RANGE, HEAD_DIM_RANGE, RING_SIZES
+from vllm_nemotron_h.ops.support import (
+    CONV_WIDTH_RANGE,
+    D_STATE_RANGE,
+    HEAD_DIM_RANGE,
+    RING_SIZES,
+    tensor_parallel_split_problem,
+)
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     additional_config,
@@ -157,10 +163,9 @@ def _plugin_cannot_run(vllm_config: VllmConfig) -> str | None:
                 return f"{field}={value}, the plugin's kernels take {bounds[0]}..{bounds[1]}"
         if config.mamba_hidden_act not in ("silu", "swish"):
             return f"mamba_hidden_act={config.mamba_hidden_act!r}, the plugin runs 'silu'"
-        if heads % tp:
-            return f"mamba_num_heads={heads}, the plugin splits heads evenly over TP={tp}"
-        if groups % tp and groups != 1:
-            return f"n_groups={groups}, the plugin runs 1 or a multiple of TP={tp}"
+        problem = tensor_parallel_split_problem(heads, groups, tp)
+        if problem:
+            return problem
     if mamba_cache_mode(vllm_config) not in ("none", "align"):
         return (
             f"mamba_cache_mode={mamba_cache_mode(vllm_config)!r}, the plugin runs 'none' "

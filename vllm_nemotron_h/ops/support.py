@@ -25,6 +25,21 @@ ANY_STATE_DTYPES = STATE_DTYPES + QUANTIZED_STATE_DTYPES
 RING_SIZES = (2, 4, 8, 16, 32, 64)
 
 
+def tensor_parallel_split_problem(heads: int, groups: int, tp: int) -> str | None:
+    """Why the plugin's mixer cannot split ``heads`` Mamba heads and ``groups`` groups over
+    ``tp`` ranks, or None: heads split evenly, groups too unless there is one (on every rank)."""
+    if heads % tp:
+        return f"mamba_num_heads={heads}, the plugin splits heads evenly over TP={tp}"
+    if groups % tp and groups != 1:
+        return f"n_groups={groups}, the plugin runs 1 or a multiple of TP={tp}"
+    return None
+
+
+def rank_heads_and_groups(heads: int, groups: int, tp: int) -> tuple[int, int]:
+    """One rank's Mamba heads and groups (tensor_parallel_split_problem says where none)."""
+    return heads // tp, max(groups // tp, 1)
+
+
 def use_triton(tensor: torch.Tensor) -> bool:
     """Triton on CUDA tensors; on CPU tensors only under the Triton interpreter (tests)."""
     return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"

@@ -16,6 +16,7 @@ import torch
 from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState
 from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
 from vllm_nemotron_h.ops.state_format import quantize
+from vllm_nemotron_h.ops.support import rank_heads_and_groups, tensor_parallel_split_problem
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
 
 NULL_SLOT = 0  # vLLM's null block
@@ -38,12 +39,11 @@ class MambaShape:
         on every rank)."""
         s = REAL_SHAPES[model]
         heads, groups, tp = s["mamba_num_heads"], s["n_groups"], tensor_parallel_size
-        if heads % tp or (groups % tp and groups != 1):
-            raise ValueError(
-                f"tensor_parallel_size={tp} must divide {model}'s mamba_num_heads={heads} "
-                f"and its n_groups={groups} (unless 1)"
-            )
-        return cls(heads // tp, s["mamba_head_dim"], s["ssm_state_size"], max(groups // tp, 1))
+        problem = tensor_parallel_split_problem(heads, groups, tp)
+        if problem:
+            raise ValueError(f"{model} at tensor_parallel_size={tp}: {problem}")
+        heads, groups = rank_heads_and_groups(heads, groups, tp)
+        return cls(heads, s["mamba_head_dim"], s["ssm_state_size"], groups)
 
     @property
     def inner(self) -> int:
