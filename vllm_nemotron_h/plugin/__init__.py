@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_nemotron_h.vllm_boundary.config import VllmConfig
 
 MODEL_CLASS = "vllm_nemotron_h.model_executor.hybrid_model:NemotronHForCausalLM"
 ARCHITECTURE = "NemotronHForCausalLM"
@@ -26,7 +30,18 @@ def register() -> None:
         return
     from vllm import ModelRegistry
 
+    from vllm_nemotron_h.vllm_boundary.config import after_architecture_config_update
+
+    after_architecture_config_update(ARCHITECTURE, update_config)
     registered = ModelRegistry.models.get(ARCHITECTURE)
     if getattr(registered, "module_name", None) == MODEL_CLASS.split(":")[0]:
         return
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+
+
+def update_config(vllm_config: VllmConfig) -> None:
+    """The plugin's part of vLLM's config update for the architecture: ReplaySSM, asked for,
+    becomes the plugin's deferred writes where the plugin serves the model."""
+    from vllm_nemotron_h.model_executor.validation import deferred_writes_for_replayssm
+
+    deferred_writes_for_replayssm(vllm_config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vllm.config import VllmConfig, get_current_vllm_config
@@ -9,13 +10,18 @@ from vllm.config import VllmConfig, get_current_vllm_config
 __all__ = [
     "VllmConfig",
     "additional_config",
+    "after_architecture_config_update",
     "current_vllm_config",
     "mamba_cache_mode",
+    "prefix_caching_enabled",
+    "replayssm_buffer_len",
     "replayssm_enabled",
+    "set_additional_config",
     "speculative_method",
     "speculative_tokens",
     "ssm_state_dtype",
     "tensor_parallel_size_of",
+    "turn_off_replayssm",
 ]
 
 
@@ -24,9 +30,22 @@ def replayssm_enabled(vllm_config: VllmConfig) -> bool:
     return bool(getattr(vllm_config.cache_config, "use_replayssm", False))
 
 
+def replayssm_buffer_len(vllm_config: VllmConfig) -> int:
+    """ReplaySSM's history of steps (``--replayssm-buffer-len``, vLLM >= 0.27; 16 there)."""
+    return int(getattr(vllm_config.cache_config, "replayssm_buffer_len", 16))
+
+
+def turn_off_replayssm(vllm_config: VllmConfig) -> None:
+    vllm_config.cache_config.use_replayssm = False
+
+
 def mamba_cache_mode(vllm_config: VllmConfig) -> str:
     """'none', 'align' or 'all': how prefix caching keeps Mamba states."""
     return vllm_config.cache_config.mamba_cache_mode
+
+
+def prefix_caching_enabled(vllm_config: VllmConfig) -> bool:
+    return bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False))
 
 
 def speculative_tokens(vllm_config: VllmConfig) -> int:
@@ -54,6 +73,36 @@ def tensor_parallel_size_of(vllm_config: VllmConfig) -> int:
 def additional_config(vllm_config: VllmConfig) -> dict[str, Any]:
     """``--additional-config`` / ``LLM(additional_config=...)``: a dict (empty when unset)."""
     return vllm_config.additional_config or {}
+
+
+def set_additional_config(vllm_config: VllmConfig, section: str, key: str, value: Any) -> None:
+    """Sets ``additional_config[section][key]`` in new dicts (the caller's stay as given)."""
+    config = dict(additional_config(vllm_config))
+    config[section] = {**config.get(section, {}), key: value}
+    vllm_config.additional_config = config
+
+
+def after_architecture_config_update(architecture: str, hook: Callable[[VllmConfig], None]) -> None:
+    """Runs ``hook(vllm_config)`` after vLLM's own config update for ``architecture`` (its
+    entry of MODELS_CONFIG_MAP, which VllmConfig runs once while it is made, in the process
+    that makes it: what the hook changes reaches every engine process). Registering the same
+    hook again changes nothing."""
+    from vllm.model_executor.models import config as model_configs
+
+    configs = model_configs.MODELS_CONFIG_MAP
+    base = configs.get(architecture, model_configs.VerifyAndUpdateConfig)
+    if getattr(base, "plugin_hook", None) is hook:
+        return
+
+    class PluginConfigUpdate(base):
+        plugin_hook = hook
+
+        @classmethod
+        def verify_and_update_config(cls, vllm_config: VllmConfig) -> None:
+            super().verify_and_update_config(vllm_config)
+            hook(vllm_config)
+
+    configs[architecture] = PluginConfigUpdate
 
 
 def current_vllm_config() -> VllmConfig:

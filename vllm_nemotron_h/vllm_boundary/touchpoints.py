@@ -169,6 +169,23 @@ def _check_plugin_options() -> None:
     _require(callable(get_current_vllm_config), "vllm.config.get_current_vllm_config is gone")
 
 
+def _check_config_update() -> None:
+    from vllm.config import VllmConfig
+    from vllm.model_executor.models import config as model_configs
+
+    entry = model_configs.MODELS_CONFIG_MAP.get("NemotronHForCausalLM")
+    _require(entry is not None, "MODELS_CONFIG_MAP has no NemotronHForCausalLM entry")
+    _require(
+        issubclass(entry, model_configs.VerifyAndUpdateConfig),
+        "the NemotronHForCausalLM entry is no VerifyAndUpdateConfig",
+    )
+    source = inspect.getsource(VllmConfig.try_verify_and_update_config)
+    _require(
+        "MODELS_CONFIG_MAP" in source and "verify_and_update_config(self)" in source,
+        "VllmConfig.try_verify_and_update_config no longer runs MODELS_CONFIG_MAP's entry",
+    )
+
+
 def _check_conv_layout() -> None:
     from vllm.model_executor.layers.mamba import mamba_utils
 
@@ -289,7 +306,9 @@ def _check_prefill_checkpoint() -> None:
 def _check_options() -> None:
     from vllm.config import CacheConfig, VllmConfig
 
-    _fields(CacheConfig, "mamba_cache_mode")
+    _fields(CacheConfig, "mamba_cache_mode", "enable_prefix_caching")
+    if "use_replayssm" in {f.name for f in dataclasses.fields(CacheConfig)}:
+        _fields(CacheConfig, "replayssm_buffer_len")
     _require(
         hasattr(VllmConfig, "num_speculative_tokens"), "VllmConfig.num_speculative_tokens gone"
     )
@@ -524,11 +543,24 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint(
         "engine-options",
-        "cache_config.mamba_cache_mode, use_replayssm (>= 0.27), num_speculative_tokens",
+        "cache_config.mamba_cache_mode, enable_prefix_caching, use_replayssm and "
+        "replayssm_buffer_len (>= 0.27), num_speculative_tokens",
         "options the plugin's decode path must know about at load",
         BOTH,
         "never (public config)",
         _check_options,
+    ),
+    Touchpoint(
+        "config-update",
+        "vllm.model_executor.models.config.MODELS_CONFIG_MAP (the NemotronHForCausalLM entry, "
+        "a VerifyAndUpdateConfig), run by VllmConfig.try_verify_and_update_config",
+        "ReplaySSM asked for becomes the plugin's deferred writes while vLLM makes its config, "
+        "in the process that makes it: the workers' runner reads use_replayssm to pick its "
+        "state-update backend (which on CPU refuses ReplaySSM), and the engine sizes the "
+        "states from the config before any model is built",
+        BOTH,
+        "a vLLM hook for plugins to adjust the config of an architecture they register",
+        _check_config_update,
     ),
     Touchpoint(
         "engine-log",
