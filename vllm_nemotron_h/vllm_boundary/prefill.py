@@ -19,7 +19,7 @@ try:  # vLLM 0.32: prefill checkpoints of the state for prefix caching in "align
 except ImportError:  # vLLM 0.26: no checkpoints; its metadata has no checkpoint fields
     _store_prefill_checkpoint_triton = None
 
-__all__ = ["ScanWeights", "conv_prefill", "scan_prefill"]
+__all__ = ["ScanWeights", "checkpoint_slots", "conv_prefill", "scan_prefill"]
 
 
 @dataclass
@@ -58,6 +58,15 @@ def conv_prefill(
         metadata=md,
         query_start_loc=md.query_start_loc_p,
     ).transpose(0, 1)[:n]
+
+
+def checkpoint_slots(md: Any) -> torch.Tensor | None:
+    """The slots vLLM 0.32's prefix caching stores this step's prefill checkpoints into (one
+    block boundary per prefill row at most; int64), or None (vLLM 0.26: none)."""
+    checkpoint = getattr(md, "checkpoint_meta", None)
+    if checkpoint is None or getattr(md, "checkpoint_chunk_idx", None) is None:
+        return None
+    return checkpoint.state_indices[checkpoint.checkpoint_offsets > 0].long()
 
 
 def scan_prefill(
