@@ -4,8 +4,8 @@ the SSM state is written every L tokens, a ring of the tokens since kept per slo
 through 4 slots find slots whose rings a finished sequence left behind.
 
 Preemption is not exercised: with prefix caching off vLLM's blocks hold a whole max_model_len
-sequence, so a running sequence never needs another. With prefix caching on (CPU engines),
-the case below reuses a small cache's blocks."""
+sequence, so a running sequence never needs another; the prefix-caching case (CPU engines)
+runs no sequence long enough to need more blocks than the cache holds."""
 
 from __future__ import annotations
 
