@@ -9,8 +9,10 @@ built-in model with VLLM_NEMOTRON_H_DISABLE=1, GPU runs, tensor parallel):
 
 ``prompts`` run as one batch (result "tokens"; ``max_tokens`` may be one per prompt); each
 entry of ``jobs`` runs afterwards as a batch of its own through the same engine (result
-"jobs"). With "metrics" (and ``disable_log_stats: false`` among the engine arguments) the
-engine's counters and gauges after all of it come back as "metrics" (e.g. "vllm:num_preemptions").
+"jobs"); "cached_tokens" holds each request's prompt tokens served from the prefix cache,
+per batch (the first, then each job's). With "metrics" (and ``disable_log_stats: false``
+among the engine arguments) the engine's counters and gauges after all of it come back as
+"metrics" (e.g. "vllm:num_preemptions").
 "launch_tables" replaces entries of the plugin's launch tables (ops/launch_config.py) while the
 engine runs; it reaches the model only with the engine in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0).
@@ -50,17 +52,17 @@ def run(spec: dict) -> dict:
         result["profile"] = profile_decode(llm, prompts[0], params)
     outs = llm.generate(prompts, [sampling(n) for n in counts], use_tqdm=False)
     result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+    # prompt tokens served from the prefix cache, per request (the first batch, then jobs)
+    result["cached_tokens"] = [[o.num_cached_tokens or 0 for o in outs]]
     if spec.get("text_prompts"):
         outs = llm.generate(spec["text_prompts"], params, use_tqdm=False)
         result["texts"] = [o.outputs[0].text for o in outs]
     # Further batches through the same engine (batch invariance, slot reuse).
-    result["jobs"] = [
-        [
-            list(o.outputs[0].token_ids)
-            for o in llm.generate([{"prompt_token_ids": p} for p in job], params, use_tqdm=False)
-        ]
-        for job in spec.get("jobs", [])
-    ]
+    result["jobs"] = []
+    for job in spec.get("jobs", []):
+        job_outs = llm.generate([{"prompt_token_ids": p} for p in job], params, use_tqdm=False)
+        result["jobs"].append([list(o.outputs[0].token_ids) for o in job_outs])
+        result["cached_tokens"].append([o.num_cached_tokens or 0 for o in job_outs])
     if spec.get("logprobs"):
         result["logprobs"] = [
             [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]

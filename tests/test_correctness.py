@@ -107,6 +107,7 @@ def test_prefix_cache_hits_give_reference_tokens(tiny_checkpoint):
         )
     )
     ref = hf_greedy(model, [base, longer], 16)
+    assert [job[0] for job in res["cached_tokens"][1:]] == [256, 256], res["cached_tokens"]
     assert res["tokens"][0] == ref[0]
     assert res["jobs"][0][0] == ref[1], "after a prefix-cache hit"
     assert res["jobs"][1][0] == ref[0], "the same prompt again (full hit)"

@@ -80,6 +80,9 @@ def test_deferred_writes_with_prefix_caching_give_reference_tokens(tiny_checkpoi
     res = run_engine(dict(spec, jobs=[[p] for p in prompts]))
     ref = hf_greedy(model, fillers + prompts, NEW)
     assert res["model_class"].startswith("vllm_nemotron_h.")
+    hits = [job[0] for job in res["cached_tokens"][1:]]
+    print("prompt tokens from the prefix cache:", hits)
+    assert all(hits[1:]), hits  # each prompt after the first extends a cached one
     assert res["tokens"] == ref[: len(fillers)]
     assert [job[0] for job in res["jobs"]] == ref[len(fillers) :]
 

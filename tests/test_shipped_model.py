@@ -177,6 +177,7 @@ def test_int8_prefix_cache_hits_give_the_cold_runs_tokens():
         dict(spec, prompts=[longer], engine=dict(engine, enable_prefix_caching=False),
              jobs=[[base]])
     )  # fmt: skip
+    assert all(job[0] > 0 for job in hits["cached_tokens"][1:]), hits["cached_tokens"]
     assert hits["jobs"][0][0] == cold["tokens"][0], "after a prefix-cache hit"
     assert hits["jobs"][1][0] == cold["jobs"][0][0] == hits["tokens"][0], "a full hit"
 

@@ -173,23 +173,24 @@ def test_deferred_writes_switch_to_the_fused_tail_at_small_batches(checkpoint, r
 
 def test_moe_fp32_matches_builtin_and_transformers(tmp_path):
     """The MoE layers (Nemotron 3 Nano's `E`) on a GPU: vLLM's FusedMoE inside the plugin's
-    model, CUDA graphs, the same tokens as the built-in and transformers (as above)."""
+    model, CUDA graphs: the tokens of the built-in in eager mode, and transformers' (as
+    above). The built-in with CUDA graphs is printed, not compared: on vLLM 0.26 it leaves
+    transformers at the first token of every prompt of this preset (in eager mode it gives
+    the plugin's tokens)."""
     ckpt = str(write_tiny_checkpoint(tmp_path / "moe", "moe"))
-    spec = dict(
-        model=ckpt,
-        prompts=PROMPTS,
-        max_tokens=NEW,
-        engine=dict(
-            ENGINE, dtype="float32", compilation_config={"cudagraph_capture_sizes": [1, 4]}
-        ),
-    )
-    ours = run_engine(spec)
-    builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")
+    engine = dict(ENGINE, dtype="float32")
+    spec = dict(model=ckpt, prompts=PROMPTS, max_tokens=NEW)
+    graphs = dict(engine, compilation_config={"cudagraph_capture_sizes": [1, 4]})
+    ours = run_engine(dict(spec, engine=graphs))
+    eager = dict(engine, enforce_eager=True)
+    builtin = run_engine(dict(spec, engine=eager), VLLM_NEMOTRON_H_DISABLE="1")
+    builtin_graphs = run_engine(dict(spec, engine=graphs), VLLM_NEMOTRON_H_DISABLE="1")
     reference = hf_greedy(ckpt, PROMPTS, NEW, device="cuda")
     agree = agreement(ours["tokens"], reference)
-    # both printed before any assert: a failure then says which of the two left transformers
+    # printed before any assert: a failure then says which model left transformers
     print("MoE: tokens equal to transformers before the first difference, per prompt:", agree)
-    print("MoE, vLLM's model:", agreement(builtin["tokens"], reference))
+    print("MoE, vLLM's model in eager mode:", agreement(builtin["tokens"], reference))
+    print("MoE, vLLM's model with CUDA graphs:", agreement(builtin_graphs["tokens"], reference))
     assert ours["model_class"].startswith("vllm_nemotron_h.")
     assert ours["tokens"] == builtin["tokens"]
     assert sum(a == NEW for a in agree) >= len(PROMPTS) - 1
@@ -374,6 +375,8 @@ def test_prefix_caching_in_mamba_cache_mode_all_runs_the_plugin():
              engine=dict(engine, enable_prefix_caching=False))
     )  # fmt: skip
     assert hits["model_class"].startswith("vllm_nemotron_h.")
+    print("prompt tokens from the prefix cache, per job:", hits["cached_tokens"][1:])
+    assert all(job[0] > 0 for job in hits["cached_tokens"][1:]), hits["cached_tokens"]
     assert hits["jobs"][0][0] == cold["tokens"][0], "after a prefix-cache hit"
     assert hits["jobs"][1][0] == cold["jobs"][0][0] == hits["tokens"][0], "a full hit"
 
