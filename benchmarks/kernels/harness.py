@@ -22,8 +22,7 @@ import torch
 import triton
 
 from vllm_nemotron_h.ops import launch_config
-from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
-from vllm_nemotron_h.testing.op_inputs import Draw
+from vllm_nemotron_h.testing.op_inputs import Draw, MambaShape
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 BATCHES = (1, 8, 32, 64, 128, 256)
@@ -198,7 +197,7 @@ def tables_of(sweep: Path | None) -> Iterator[None]:
 def parser(doc: str, state_dtypes: tuple[str, ...] = STATE_DTYPES) -> argparse.ArgumentParser:
     """The options every kernel benchmark takes."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--models", default=",".join(REAL_SHAPES))
+    ap.add_argument("--models", default=",".join(MambaShape.distinct_models()))
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--state-dtypes", default=",".join(state_dtypes))
     ap.add_argument("--use-tables", type=Path, help="compare with the tables of this sweep")

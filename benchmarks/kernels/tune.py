@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from vllm_nemotron_h.ops import launch_config
-from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
 from vllm_nemotron_h.testing.op_inputs import MambaShape
 
 TUNABLE = (
@@ -203,7 +202,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", default=",".join(TUNABLE))
     ap.add_argument("--quick", action="store_true", help="2 and 4 warps only")
-    ap.add_argument("--models", default=",".join(REAL_SHAPES))
+    ap.add_argument("--models", default=",".join(MambaShape.distinct_models()))
     ap.add_argument("--batches", default="1,8,32,64,128,256")
     ap.add_argument("--state-dtypes", default="float32,bfloat16")
     ap.add_argument(

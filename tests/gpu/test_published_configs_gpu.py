@@ -23,8 +23,14 @@ PLUGIN_CLASS = "vllm_nemotron_h.model_executor.hybrid_model.NemotronHForCausalLM
 NEWER_MEMBER_FIELDS = dict(
     moe_latent_size=1024, num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*E"
 )
+# Nemotron 3 Super (~120 B parameters) does not fit one GPU: its config is checked on CPU
+# (tests/test_published_configs.py); its newer fields run here on the 30B's shape.
 CASES = [
-    *((model, {}) for model in sorted(REAL_SHAPES) if model != "nano-v3-30b"),
+    *(
+        (model, {})
+        for model in sorted(REAL_SHAPES)
+        if model not in ("nano-v3-30b", "nemotron-3-super")
+    ),
     ("nano-v3-30b", NEWER_MEMBER_FIELDS),
 ]
 PROMPTS = [[1, 17, 301, 44, 9, 250, 77, 12, 5, 98, 411, 3], [1, 400, 23]]

@@ -65,6 +65,11 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
+# Nemotron 3 Super's 88 layers (40 Mamba2, 40 MoE, 8 attention)
+NEMOTRON_3_SUPER_PATTERN = (
+    "MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME"
+)
+
 # Public configs (as collected in shared/environment.md) for real-shape runs.
 REAL_SHAPES: dict[str, dict[str, Any]] = {
     "nemotron-h-8b": preset(
@@ -125,6 +130,18 @@ REAL_SHAPES: dict[str, dict[str, Any]] = {
         ),
         (128, 6, 1856, 3712, 2.5),
     ),  # fmt: skip
+    # Nemotron 3 Super: NVIDIA's Megatron-Bridge model provider (Nemotron3SuperProvider; no
+    # config.json is public): latent MoE, two MTP layers of pattern "*E", vocabulary as in
+    # the family. ~120 B parameters: config-only in tests, real-shape runs need TP >= 4
+    "nemotron-3-super": dict(
+        preset(
+            (NEMOTRON_3_SUPER_PATTERN, 4096, 128, 64, 128, 8, 32, 2, 128, 2688),
+            (512, 22, 2688, 5376, 5.0),
+        ),
+        moe_latent_size=1024,
+        num_nextn_predict_layers=2,
+        mtp_hybrid_override_pattern="*E",
+    ),
 }
 
 _COMMON: dict[str, Any] = dict(

@@ -45,6 +45,15 @@ class MambaShape:
         heads, groups = rank_heads_and_groups(heads, groups, tp)
         return cls(heads, s["mamba_head_dim"], s["ssm_state_size"], groups)
 
+    @classmethod
+    def distinct_models(cls) -> list[str]:
+        """The first model of ``REAL_SHAPES`` for each Mamba layer shape (Nemotron 3 Super's
+        is the 8B's): the kernel benchmarks' models."""
+        first: dict[MambaShape, str] = {}
+        for model in REAL_SHAPES:
+            first.setdefault(cls.of_model(model), model)
+        return list(first.values())
+
     @property
     def inner(self) -> int:
         return self.nheads * self.head_dim
