@@ -155,8 +155,7 @@ def _replayssm_stays(vllm_config: VllmConfig) -> str | None:
     """Why vLLM's ReplaySSM, asked for, is not replaced by the plugin's deferred writes, or
     None."""
     try:
-        plugin_options(vllm_config)
-        validate(vllm_config)
+        validate(vllm_config)  # the plugin's options among the rest
     except UnsupportedConfigError as e:  # the model load raises it
         return str(e)
     reason = _plugin_cannot_run(vllm_config)
