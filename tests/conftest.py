@@ -66,3 +66,18 @@ def tiny_server(tiny_checkpoint):
     model = tiny_checkpoint("dense")
     with openai_server(model, "--max-num-seqs", "8", log_name="tiny-server.log") as url:
         yield model, url
+
+
+@pytest.fixture(scope="module")
+def tiny_deferred_server(tiny_checkpoint):
+    """The same server with deferred state writes (a ring of 4 tokens): requests cut off
+    mid-ring leave their slots to the next requests. Stopped after the module that uses it."""
+    from tests.server import openai_server
+
+    model = tiny_checkpoint("dense")
+    deferred = '{"nemotron_h": {"deferred_state_writes": 4}}'
+    with openai_server(
+        model, "--max-num-seqs", "8", "--additional-config", deferred,
+        log_name="tiny-deferred-server.log",
+    ) as url:  # fmt: skip
+        yield model, url

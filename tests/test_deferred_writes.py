@@ -4,7 +4,8 @@ the SSM state is written every L tokens, a ring of the tokens since kept per slo
 through 4 slots find slots whose rings a finished sequence left behind.
 
 Preemption: a cache of 16 blocks holds ~3 of 12 busy sequences, so vLLM preempts some
-mid-ring and recomputes them."""
+mid-ring and recomputes them. Clients that disconnect mid-ring (aborted requests) through
+`vllm serve`: tests/test_reliability.py's disconnect test on a deferred-writes server."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.engine
 
 SEED = int(os.environ.get("RELIABILITY_SEED", time.time_ns() % 2**31))
 MAX_MODEL_LEN = TINY_ENGINE["max_model_len"]
-MAX_NUM_SEQS = 8  # the tiny_server fixture
+MAX_NUM_SEQS = 8  # the tiny_server and tiny_deferred_server fixtures
 
 
 def random_requests(rng: random.Random, n: int, max_prompt: int, max_new: int) -> list[dict]:
@@ -149,8 +149,9 @@ def test_concurrent_load_equals_each_request_alone(tiny_server, reliability_repo
     )
 
 
-def test_disconnects_mid_stream_leave_no_trace(tiny_server, reliability_report):
-    model, url = tiny_server
+@pytest.mark.parametrize("server", ["tiny_server", "tiny_deferred_server"])
+def test_disconnects_mid_stream_leave_no_trace(server, request, reliability_report):
+    model, url = request.getfixturevalue(server)
     rng = random.Random(SEED + 1)
     normal = random_requests(rng, 24, max_prompt=48, max_new=32)
     aborted = [dict(r, max_tokens=200) for r in random_requests(rng, 24, 48, 1)]
@@ -173,7 +174,7 @@ def test_disconnects_mid_stream_leave_no_trace(tiny_server, reliability_report):
     again = random_requests(rng, MAX_NUM_SEQS, max_prompt=48, max_new=24)
     assert_same(together(url, model, again), alone(url, model, again), again, "after aborts")
     reliability_report.add(
-        "client disconnects",
+        "client disconnects" + (", deferred state writes" if "deferred" in server else ""),
         "24 streaming clients that close the connection after 1-6 tokens (of 200 asked), "
         "interleaved with 24 normal streams, then 8 new requests into the freed slots",
         f"normal streams token-equal to alone; the cut requests were aborted "
