@@ -183,7 +183,9 @@ def test_disconnects_mid_stream_leave_no_trace(server, request, reliability_repo
     )
 
 
-def test_preemption_recomputes_to_the_same_tokens(tiny_checkpoint, reliability_report):
+@pytest.mark.parametrize("ring", [0, 4], ids=["per-step", "deferred"])
+def test_preemption_recomputes_to_the_same_tokens(ring, tiny_checkpoint, reliability_report):
+    """With deferred state writes (a ring of 4) sequences are preempted mid-ring."""
     rng = random.Random(SEED + 2)
     prompts = [[rng.randrange(4, 500) for _ in range(rng.randint(16, 90))] for _ in range(12)]
     res = run_engine(
@@ -197,6 +199,7 @@ def test_preemption_recomputes_to_the_same_tokens(tiny_checkpoint, reliability_r
                 max_num_seqs=MAX_NUM_SEQS,
                 num_gpu_blocks_override=16,
                 disable_log_stats=False,
+                additional_config={"nemotron_h": {"deferred_state_writes": ring}},
             ),
             jobs=[[p] for p in prompts],
             metrics=True,
@@ -207,7 +210,7 @@ def test_preemption_recomputes_to_the_same_tokens(tiny_checkpoint, reliability_r
     assert res["tokens"] == [job[0] for job in res["jobs"]], f"seed {SEED}"
     assert res["metrics"]["vllm:kv_cache_usage_perc"] == 0.0
     reliability_report.add(
-        "preemption",
+        "preemption" + (", deferred state writes" if ring else ""),
         "12 requests (16-90 prompt tokens, 100 new) through a cache of 16 blocks with "
         f"max_num_seqs={MAX_NUM_SEQS}: vLLM preempts and recomputes",
         f"{int(preemptions)} preemptions; all 12 outputs token-equal to each request alone",
