@@ -61,23 +61,23 @@ def reliability_report():
 def tiny_server(tiny_checkpoint):
     """One OpenAI server on the tiny dense model for all server tests: (model, base URL).
     max_num_seqs=8 so that concurrent load queues (tests/test_reliability.py)."""
-    from tests.server import openai_server
-
-    model = tiny_checkpoint("dense")
-    with openai_server(model, "--max-num-seqs", "8", log_name="tiny-server.log") as url:
-        yield model, url
+    yield from serve_tiny(tiny_checkpoint, "tiny-server.log")
 
 
 @pytest.fixture(scope="module")
 def tiny_deferred_server(tiny_checkpoint):
     """The same server with deferred state writes (a ring of 4 tokens): requests cut off
     mid-ring leave their slots to the next requests. Stopped after the module that uses it."""
+    deferred = '{"nemotron_h": {"deferred_state_writes": 4}}'
+    yield from serve_tiny(
+        tiny_checkpoint, "tiny-deferred-server.log", "--additional-config", deferred
+    )
+
+
+def serve_tiny(tiny_checkpoint, log_name: str, *args: str):
+    """Yields (model, base URL) of a server on the tiny dense model (max_num_seqs 8)."""
     from tests.server import openai_server
 
     model = tiny_checkpoint("dense")
-    deferred = '{"nemotron_h": {"deferred_state_writes": 4}}'
-    with openai_server(
-        model, "--max-num-seqs", "8", "--additional-config", deferred,
-        log_name="tiny-deferred-server.log",
-    ) as url:  # fmt: skip
+    with openai_server(model, "--max-num-seqs", "8", *args, log_name=log_name) as url:
         yield model, url

@@ -12,6 +12,8 @@ import torch
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
 from vllm.model_executor.layers.mamba.ops.ssd_combined import mamba_chunk_scan_combined_varlen
 
+from vllm_nemotron_h.vllm_boundary.metadata import NULL_BLOCK_ID
+
 try:  # vLLM 0.32: prefill checkpoints of the state for prefix caching in "align" mode
     from vllm.model_executor.layers.mamba.ops.ssd_checkpoint import (
         store_prefill_checkpoint as _store_prefill_checkpoint_triton,
@@ -62,11 +64,13 @@ def conv_prefill(
 
 def checkpoint_slots(md: Any) -> torch.Tensor | None:
     """The slots vLLM 0.32's prefix caching stores this step's prefill checkpoints into (one
-    block boundary per prefill row at most; int64), or None (vLLM 0.26: none)."""
+    block boundary per prefill row at most; int64), the null slot for rows that store none
+    (a fixed shape: no host sync), or None (vLLM 0.26: none)."""
     checkpoint = getattr(md, "checkpoint_meta", None)
     if checkpoint is None or getattr(md, "checkpoint_chunk_idx", None) is None:
         return None
-    return checkpoint.state_indices[checkpoint.checkpoint_offsets > 0].long()
+    slots = checkpoint.state_indices.long()
+    return torch.where(checkpoint.checkpoint_offsets > 0, slots, NULL_BLOCK_ID)
 
 
 def scan_prefill(
