@@ -115,15 +115,11 @@ def test_replayssm_runs_as_the_plugins_deferred_writes(tiny_checkpoint):
     assert res["tokens"] == hf_greedy(model, prompts, NEW)
 
 
-def test_speculation_and_prefix_caching_on_a_gpu_turn_deferred_writes_off_with_a_log_line(
-    monkeypatch,
-):
-    """Speculative decoding keeps a state per draft token, and prefix caching with deferred
-    writes has run on CPU engines only: there the state is written every token, and the
-    engine log says why."""
+def test_speculation_turns_deferred_writes_off_with_a_log_line():
+    """Speculative decoding keeps a state per draft token: there the state is written every
+    token, and the engine log says why; prefix caching keeps the rings."""
     from types import SimpleNamespace
 
-    from vllm_nemotron_h.model_executor import validation
     from vllm_nemotron_h.model_executor.hybrid_model import writes_description
     from vllm_nemotron_h.model_executor.validation import state_layout
 
@@ -133,14 +129,8 @@ def test_speculation_and_prefix_caching_on_a_gpu_turn_deferred_writes_off_with_a
         cache_config=SimpleNamespace(mamba_cache_mode="align"),
         num_speculative_tokens=None,
     )
-    assert state_layout(config).ring_size == RING  # on CPU
-    monkeypatch.setattr(validation, "on_cpu", lambda: False)
-    assert state_layout(config).ring_size == 0
-    assert "deferred writes asked for, but prefix caching" in writes_description(config)
-    config.cache_config.mamba_cache_mode = "none"
     assert state_layout(config).ring_size == RING
     assert writes_description(config).startswith(f"state writes deferred, every {RING} tokens")
-    # Speculative decoding keeps a state per draft token: no ring either.
     config.num_speculative_tokens = 3
     assert state_layout(config).ring_size == 0
     assert "but speculative decoding keeps a state" in writes_description(config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from statistics import mean
 
 import pytest
@@ -169,6 +170,50 @@ def test_deferred_writes_switch_to_the_fused_tail_at_small_batches(checkpoint, r
     agree = agreement(eager["tokens"], reference)
     print("deferred writes, switching paths: tokens equal to transformers' before:", agree)
     assert sum(a == n for a, n in zip(agree, max_tokens)) >= len(PROMPTS) - 1
+
+
+def test_deferred_writes_with_prefix_caching_stay_with_transformers(checkpoint):
+    """Deferred writes (a ring of 4, the deferred update at every batch) with prefix caching
+    in vLLM 0.26's default Mamba cache mode ('all', which vLLM turns into 'align' for the
+    plugin's model) and CUDA graphs: the runner's copies of a state into the next block carry
+    its ring, a prefill flushes the rings it reads. After fillers that leave part-full rings,
+    prompts each extending the one before hit the cached blocks and decode as transformers
+    does (one near-tie allowed, as on the per-step path). vLLM 0.26 keeps a prompt's state
+    at the block boundaries where its prefill chunks end: chunks of one block here."""
+    rng = random.Random(5)
+    fillers = [[1] + [rng.randrange(3, 500) for _ in range(rng.randint(20, 150))] for _ in range(8)]
+    prompts = [[1] + [rng.randrange(3, 500) for _ in range(300)]]
+    for extra in (37, 50, 70):
+        prompts.append(prompts[-1] + [rng.randrange(3, 500) for _ in range(extra)])
+    engine = dict(
+        ENGINE,
+        dtype="float32",
+        max_num_seqs=4,
+        enable_prefix_caching=True,
+        block_size=64,
+        max_num_batched_tokens=64,
+        additional_config={"nemotron_h": {"deferred_state_writes": 4}},
+        compilation_config={"cudagraph_capture_sizes": [1, 2, 4]},
+    )
+    res = run_engine(
+        dict(
+            model=checkpoint,
+            prompts=fillers,
+            max_tokens=NEW,
+            engine=engine,
+            jobs=[[p] for p in prompts],
+            launch_tables={"mamba2_decode_fused_max_batch_heads": 0},
+        ),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
+    assert res["model_class"].startswith("vllm_nemotron_h.")
+    reference = hf_greedy(checkpoint, fillers + prompts, NEW, device="cuda")
+    agree = agreement(res["tokens"] + [job[0] for job in res["jobs"]], reference)
+    hits = [job[0] for job in res["cached_tokens"][1:]]
+    print("deferred writes + prefix caching: tokens equal to transformers' before:", agree)
+    print("prompt tokens from the prefix cache:", hits)
+    assert all(hits[1:]), hits  # each prompt after the first extends a cached one
+    assert sum(a == NEW for a in agree) >= len(agree) - 1
 
 
 def test_moe_fp32_matches_builtin_and_transformers(tmp_path):

@@ -19,7 +19,6 @@ from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     additional_config,
     mamba_cache_mode,
-    prefix_caching_enabled,
     replayssm_buffer_len,
     replayssm_enabled,
     set_additional_config,
@@ -28,7 +27,6 @@ from vllm_nemotron_h.vllm_boundary.config import (
     turn_off_replayssm,
 )
 from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
-from vllm_nemotron_h.vllm_boundary.layers import on_cpu
 
 LAYER_TYPES = {"M": "Mamba2", "*": "attention", "-": "MLP", "E": "MoE"}
 
@@ -110,17 +108,6 @@ def deferred_writes_off_reason(vllm_config: VllmConfig) -> str | None:
 
 def _deferred_writes_excluded(vllm_config: VllmConfig) -> str | None:
     """What in the engine's config keeps deferred writes from running, or None."""
-    mode = mamba_cache_mode(vllm_config)
-    # while vLLM makes its config, prefix caching is on before it picks the Mamba cache mode;
-    # the states prefix caching keeps hold their rings (slot copies carry them, prefills
-    # flush them before reading and empty those of the checkpoints they store), as run on
-    # CPU engines; GPU engines (CUDA graphs, the Triton checkpoint store) have not run it
-    if (mode != "none" or prefix_caching_enabled(vllm_config)) and not on_cpu():
-        where = f" (Mamba cache mode {mode!r})" if mode != "none" else ""
-        return (
-            f"prefix caching{where} with deferred writes runs on CPU engines only (not yet "
-            "run on a GPU)"
-        )
     if speculative_tokens(vllm_config):
         return "speculative decoding keeps a state after every draft token"
     return None

@@ -13,7 +13,6 @@ __all__ = [
     "after_architecture_config_update",
     "current_vllm_config",
     "mamba_cache_mode",
-    "prefix_caching_enabled",
     "replayssm_buffer_len",
     "replayssm_enabled",
     "set_additional_config",
@@ -42,10 +41,6 @@ def turn_off_replayssm(vllm_config: VllmConfig) -> None:
 def mamba_cache_mode(vllm_config: VllmConfig) -> str:
     """'none', 'align' or 'all': how prefix caching keeps Mamba states."""
     return vllm_config.cache_config.mamba_cache_mode
-
-
-def prefix_caching_enabled(vllm_config: VllmConfig) -> bool:
-    return bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False))
 
 
 def speculative_tokens(vllm_config: VllmConfig) -> int:
