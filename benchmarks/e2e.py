@@ -72,27 +72,32 @@ def speculation_of(state_dtype: str) -> tuple[str, str | None, int]:
     return state_dtype, None, 0
 
 
-def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **engine):
-    """The engine for a real shape (random weights) or a tiny preset (its own checkpoint);
-    on a GPU with CUDA graphs captured for ``batches``. Shared with step_profile.py."""
-    import torch
-    from vllm import LLM
-
+def model_files(model: str) -> dict:
+    """The engine arguments that name a model's files, written once: a real shape's config
+    (random weights: load_format="dummy") or a tiny preset's checkpoint. One directory per
+    model, not one per engine: vLLM's torch.compile cache is keyed by the model's path among
+    others, so later engines of a job (rounds, other state dtypes) load the compiled graphs
+    instead of compiling again."""
     from vllm_nemotron_h.testing.checkpoints import (
         REAL_SHAPES,
         write_real_shape_config,
         write_tiny_checkpoint,
     )
 
-    # one directory per model, not a new one per engine: vLLM's torch.compile cache is keyed
-    # by the model's path among others, so later engines of a job (rounds, the other state
-    # dtypes) load the compiled graphs instead of compiling again
     work = Path(tempfile.gettempdir()) / "vllm-nemotron-h-e2e" / model
-    args = dict(max_model_len=PROMPT_LEN + max_new + 16, max_num_seqs=max(batches))
     if model in REAL_SHAPES:
-        args.update(model=str(write_real_shape_config(work, model)), load_format="dummy")
-    else:
-        args.update(model=str(write_tiny_checkpoint(work, model)))
+        return dict(model=str(write_real_shape_config(work, model)), load_format="dummy")
+    return dict(model=str(write_tiny_checkpoint(work, model)))
+
+
+def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **engine):
+    """The engine for a real shape (random weights) or a tiny preset (its own checkpoint);
+    on a GPU with CUDA graphs captured for ``batches``. Shared with step_profile.py."""
+    import torch
+    from vllm import LLM
+
+    args = dict(max_model_len=PROMPT_LEN + max_new + 16, max_num_seqs=max(batches))
+    args.update(model_files(model))
     state_dtype, method, drafts = speculation_of(state_dtype)
     state_dtype, _, ring = state_dtype.partition("-deferred")
     options = {}
@@ -352,6 +357,10 @@ def main() -> None:
     )
     batches = [int(b) for b in args.batches.split(",")]
     for model in args.models.split(","):
+        # written here, before any engine: on a GPU host an engine process that wrote a tiny
+        # checkpoint itself (torch's CPU threads at work) hung at the start of vLLM's engine
+        # core, which vLLM forks from it
+        model_files(model)
         for sdt in args.state_dtypes.split(","):
             plugin_only = sdt.startswith("int8") or "-deferred" in sdt
             impls = [i for i in args.impls.split(",") if not (plugin_only and i == "builtin")]

@@ -42,6 +42,9 @@ def preset(shape: tuple, moe: tuple = ()) -> dict[str, Any]:
     return fields
 
 
+# Nemotron-H 8B's 52 layers (24 Mamba2, 24 MLP, 4 attention)
+NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+
 # Small configs covering the family: Mamba2 (M), attention (*), MLP (-) and MoE (E) layers,
 # with different d_state, head_dim (80: not a power of two) and n_groups.
 TINY_PRESETS: dict[str, dict[str, Any]] = {
@@ -56,6 +59,9 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         preset(("MEM*EM", 256, 8, 64, 128, 8, 4, 2, 64, 512), (8, 2, 128, 256, 2.5)),
         moe_latent_size=64,
     ),
+    # the 8B's layers (and so its KV-cache groups) at "dense"'s widths: with CUDA graphs a
+    # decode step's time is the host's, which this makes visible (benchmarks/e2e.py)
+    "layout-8b": preset((NEMOTRON_H_8B_PATTERN, 256, 8, 32, 64, 2, 4, 2, 64, 512)),
     # "dense" with one MTP layer (vLLM's nemotron_h_mtp drafts with it): an attention layer,
     # since vLLM's CPU MoE cannot run the published "*E" pattern's relu2 experts
     "dense-mtp": dict(
@@ -74,7 +80,7 @@ NEMOTRON_3_SUPER_PATTERN = (
 REAL_SHAPES: dict[str, dict[str, Any]] = {
     "nemotron-h-8b": preset(
         (
-            "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+            NEMOTRON_H_8B_PATTERN,
             4096,
             128,
             64,
