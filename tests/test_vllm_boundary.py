@@ -107,3 +107,13 @@ def test_prompt_rows_of_a_decode_rows_tokens_run_as_decodes():
     assert found.tokens.tolist() == [0]  # prefill-relative: row 2 starts at token 6 - 6
     assert found.placeholders.tolist() == [1, 2]
     assert PlaceholderPrefills.of(common, torch.tensor([3]), metadata) is None
+
+
+def test_the_builder_counts_accepted_tokens_only_where_vllm_gives_none():
+    """vLLM 0.26 gives the Mamba builders accepted counts only in steps with drafts (the
+    builder counts the others itself), vLLM 0.32 in every step of an engine with
+    speculation (the builder does not count)."""
+    from vllm_nemotron_h.vllm_boundary.metadata import accepted_counts_every_step
+
+    expected = {"0.26.0": False, "0.32.0": True}[vllm.__version__.split("+")[0]]
+    assert accepted_counts_every_step() is expected

@@ -23,7 +23,8 @@ buffers of its own, as stable for CUDA graphs as the slots. Where vLLM gives no 
 losing the tokens accepted at the row's previous step) the builder counts them: the
 scheduler advances a sequence by the tokens the sampler accepted, so the count is the
 sequence's tokens computed before this step less those before its previous one, which the
-builder keeps per slot (prefix caching off: a sequence keeps its slot).
+builder keeps per slot (prefix caching off: a sequence keeps its slot); where vLLM gives the
+counts in every step (vLLM 0.32) it does not count.
 
 With deferred writes the builder also keeps the rings empty wherever a decode step runs the
 fused per-step tail (the small batch sizes of the device table, decode_plan.py): before the
@@ -50,6 +51,7 @@ from vllm_nemotron_h.vllm_boundary.metadata import (
     Mamba2MetadataBuilder,
     PlaceholderPrefills,
     PromptRows,
+    accepted_counts_every_step,
     decode_slots,
     max_num_seqs,
 )
@@ -118,7 +120,11 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         self.tokens_before: torch.Tensor | None = None
         # tokens a row of prompt tokens run as a decode kept, by slot (prompt_tokens_kept)
         self.kept: torch.Tensor | None = None
-        self.counts_accepted = self.draft_tokens > 0 and mamba_cache_mode(vllm_config) == "none"
+        self.counts_accepted = (
+            self.draft_tokens > 0
+            and mamba_cache_mode(vllm_config) == "none"
+            and not accepted_counts_every_step()
+        )
         self.deferred_writes = state_layout(vllm_config).ring_size > 0
         self.rings_may_hold_tokens = False  # a decode step has deferred since the last flush
 

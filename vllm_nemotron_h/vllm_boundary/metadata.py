@@ -3,6 +3,8 @@ sequence owns which state slot."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ __all__ = [
     "Mamba2AttentionMetadata",
     "Mamba2MetadataBuilder",
     "PromptRows",
+    "accepted_counts_every_step",
     "decode_slots",
     "max_num_seqs",
     "prompt_rows_as_decodes",
@@ -56,7 +59,8 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
 
     vLLM 0.26 passes the accepted counts (``num_accepted_tokens``) only to steps in which some
     row verifies drafts; ``query_start_rows`` (every row's first token, set here) lets
-    ``complete`` count them itself for the other steps (vLLM 0.32 passes them every step)."""
+    ``complete`` count them itself for the other steps (vLLM 0.32 passes them every step:
+    ``accepted_counts_every_step``)."""
 
     def complete(self, metadata: Mamba2AttentionMetadata) -> Mamba2AttentionMetadata:
         return metadata
@@ -185,6 +189,24 @@ def prompt_rows_as_decodes(
     rows = as_decode.nonzero().flatten()
     marked = common_attn_metadata.replace(is_prefilling=is_prefilling & ~as_decode)
     return marked, PromptRows(rows, query_lens[rows], new[rows], placeholders[rows])
+
+
+# How vLLM's model runner (``execute_model``) decides in which steps the Mamba builders get the
+# accepted counts: in every step of an engine with speculation (vLLM 0.32), or only in steps
+# in which some row verifies drafts (vLLM 0.26).
+COUNTS_EVERY_STEP = "use_spec_decode = self.speculative_config is not None"
+COUNTS_WITH_DRAFTS = "use_spec_decode = len(scheduler_output.scheduled_spec_decode_tokens) > 0"
+
+
+@functools.cache
+def accepted_counts_every_step() -> bool:
+    """Whether vLLM hands the Mamba builders the accepted counts (``num_accepted_tokens``)
+    in every step of an engine with speculation, so that the builder need not count them
+    for steps without drafts. Read from the model runner's source; a runner that says
+    neither is counted for."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return COUNTS_EVERY_STEP in inspect.getsource(GPUModelRunner.execute_model)
 
 
 def decode_slots(metadata: Mamba2AttentionMetadata) -> torch.Tensor:

@@ -263,6 +263,13 @@ def _check_speculative_metadata() -> None:
         "1 + self.num_spec_tokens" in source,
         "the Mamba builder no longer gives decode rows 1 + num_speculative_tokens slots",
     )
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = inspect.getsource(GPUModelRunner.execute_model)
+    _require(
+        metadata.COUNTS_EVERY_STEP in runner or metadata.COUNTS_WITH_DRAFTS in runner,
+        "the model runner decides otherwise in which steps the builders get accepted counts",
+    )
 
 
 def _check_state_spec() -> None:
@@ -505,11 +512,13 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "the Mamba metadata's state_indices_tensor_d (a slot per target and draft token), "
         "num_accepted_tokens, query_start_loc_d and seq_lens, CommonAttentionMetadata."
         "query_start_loc; the builder's num_decode_draft_tokens_cpu argument (0.32: a "
-        "prompt's one token scheduled with placeholder drafts); SpeculativeConfig.method",
+        "prompt's one token scheduled with placeholder drafts); SpeculativeConfig.method; "
+        "GPUModelRunner.execute_model's source (in which steps the counts come)",
         "under speculative decoding the plugin's tail keeps the state after every token in "
         "vLLM's slots and starts each step from the one after the last accepted token, as "
         "vLLM's kernels do; where 0.26 gives no accepted counts (a step without drafts) the "
-        "builder counts them from each sequence's tokens computed",
+        "builder counts them from each sequence's tokens computed (0.32 gives them in every "
+        "step: the builder reads in the model runner's execute_model which it does)",
         BOTH,
         "never: this is how vLLM lays out Mamba states for speculation",
         _check_speculative_metadata,
