@@ -32,6 +32,18 @@ def prompts_with_repeats(seed: int, n: int) -> list[list[int]]:
     return out
 
 
+def prefix_cache_prompts(seed: int = 5) -> tuple[list[list[int]], list[list[int]]]:
+    """Fillers (8 prompts of 21-151 tokens: they leave slots and rings part used), then
+    prompts of 301 to 458 tokens each extending the one before (each hits the blocks its
+    predecessor's prefill cached)."""
+    rng = random.Random(seed)
+    fillers = [[1] + [rng.randrange(3, 500) for _ in range(rng.randint(20, 150))] for _ in range(8)]
+    prompts = [[1] + [rng.randrange(3, 500) for _ in range(300)]]
+    for extra in (37, 50, 70):
+        prompts.append(prompts[-1] + [rng.randrange(3, 500) for _ in range(extra)])
+    return fillers, prompts
+
+
 # Speculation on the tiny "dense" checkpoint: the first two lead it into output that repeats
 # (drafts accepted); a short prompt before one-token prompts (vLLM 0.32 may schedule a
 # one-token prompt with placeholder drafts behind it, a prefill row: vllm_boundary.metadata).

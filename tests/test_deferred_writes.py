@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from tests.engines import TINY_ENGINE, TP_ENV, run_engine
+from tests.engines import TINY_ENGINE, TP_ENV, prefix_cache_prompts, run_engine
 from tests.reference import hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -61,11 +61,7 @@ def test_deferred_writes_with_prefix_caching_give_reference_tokens(tiny_checkpoi
     4), prompts each extending the one before (hits on the checkpoints of their prefills)
     decode as transformers does."""
     model = tiny_checkpoint("dense")
-    rng = random.Random(5)
-    fillers = [[1] + [rng.randrange(3, 500) for _ in range(rng.randint(20, 150))] for _ in range(8)]
-    prompts = [[1] + [rng.randrange(3, 500) for _ in range(300)]]
-    for extra in (37, 50, 70):
-        prompts.append(prompts[-1] + [rng.randrange(3, 500) for _ in range(extra)])
+    fillers, prompts = prefix_cache_prompts()
     engine = dict(
         TINY_ENGINE,
         max_model_len=512,

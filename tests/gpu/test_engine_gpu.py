@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from statistics import mean
 
 import pytest
 import torch
 
-from tests.engines import NGRAM, ROOT, SPECULATION_PROMPTS, run_engine
+from tests.engines import NGRAM, ROOT, SPECULATION_PROMPTS, prefix_cache_prompts, run_engine
 from tests.reference import hf_greedy
 from training.pycode_data import heldout_stream
 from vllm_nemotron_h.testing.checkpoints import write_fp8_checkpoint, write_tiny_checkpoint
@@ -180,11 +179,7 @@ def test_deferred_writes_with_prefix_caching_stay_with_transformers(checkpoint):
     prompts each extending the one before hit the cached blocks and decode as transformers
     does (one near-tie allowed, as on the per-step path). vLLM 0.26 keeps a prompt's state
     at the block boundaries where its prefill chunks end: chunks of one block here."""
-    rng = random.Random(5)
-    fillers = [[1] + [rng.randrange(3, 500) for _ in range(rng.randint(20, 150))] for _ in range(8)]
-    prompts = [[1] + [rng.randrange(3, 500) for _ in range(300)]]
-    for extra in (37, 50, 70):
-        prompts.append(prompts[-1] + [rng.randrange(3, 500) for _ in range(extra)])
+    fillers, prompts = prefix_cache_prompts()
     engine = dict(
         ENGINE,
         dtype="float32",
