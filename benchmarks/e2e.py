@@ -292,17 +292,23 @@ def combine_rounds(rounds: list[dict]) -> dict:
 def run_impl(script: str, impl: str, spec: dict, **env: str) -> dict:
     """Runs ``script --child SPEC`` in a new process with the plugin (impl "plugin") or vLLM's
     built-in model (impl "builtin"); returns the child's CHILD_RESULT. Shared with
-    step_profile.py. vLLM's log (stderr) passes through: a long engine start shows where it is."""
+    step_profile.py. vLLM's log passes through as it comes (its INFO lines go to stdout, the
+    rest to stderr): a long engine start shows where it is."""
     child_env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1", **env)
     child_env.pop("VLLM_NEMOTRON_H_DISABLE", None)
     if impl == "builtin":
         child_env["VLLM_NEMOTRON_H_DISABLE"] = "1"
     cmd = [sys.executable, script, "--child", json.dumps(spec)]
-    proc = subprocess.run(cmd, env=child_env, stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("CHILD_RESULT "):
-            return json.loads(line[len("CHILD_RESULT ") :])
-    raise RuntimeError(f"{impl} {spec} failed (rc={proc.returncode}), log above")
+    result = None
+    with subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, text=True) as proc:
+        for line in proc.stdout:
+            if line.startswith("CHILD_RESULT "):
+                result = json.loads(line[len("CHILD_RESULT ") :])
+            else:
+                sys.stderr.write(line)
+    if result is None:
+        raise RuntimeError(f"{impl} {spec} failed (rc={proc.returncode}), log above")
+    return result
 
 
 def main() -> None:
