@@ -203,10 +203,13 @@ def accepted_counts_every_step() -> bool:
     """Whether vLLM hands the Mamba builders the accepted counts (``num_accepted_tokens``)
     in every step of an engine with speculation, so that the builder need not count them
     for steps without drafts. Read from the model runner's source; a runner that says
-    neither is counted for."""
+    neither, or whose source is not installed, is counted for."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    return COUNTS_EVERY_STEP in inspect.getsource(GPUModelRunner.execute_model)
+    try:
+        return COUNTS_EVERY_STEP in inspect.getsource(GPUModelRunner.execute_model)
+    except (OSError, TypeError):  # compiled-only install: no source to read
+        return False
 
 
 def decode_slots(metadata: Mamba2AttentionMetadata) -> torch.Tensor:
