@@ -24,6 +24,10 @@
 #   e2e-int8-M  model M (8b or 9b): the built-in with fp32 and bf16 state, then the plugin
 #               with int8 state, B=1/32/128/256, separate processes: tokens/s and how many
 #               sequences each format's cache holds, into LOG_DIR/e2e-int8-<gpu>.json
+#   host-layout the host's time by op of one decode step, plain and with ngram (3 drafts), on
+#               the layout-8b preset (the 8B's layers at tiny widths: a step is host time)
+#   e2e-ngram-8b the 8B with fp32 state and ngram (3 drafts) at B=1 and 32, 2 rounds, then the
+#               host profile of one such step at B=1 (both implementations)
 set -u
 out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
@@ -77,6 +81,17 @@ for s in "$@"; do
         --output "$out/e2e-int8-$gpu.json")
       step "$s-builtin" "${e2e[@]}" --state-dtypes float32,bfloat16 --impls builtin
       step "$s-plugin" "${e2e[@]}" --state-dtypes int8 --impls plugin ;;
+    host-layout)
+      for sdt in float32 float32-ngram3; do
+        step "host-layout-$sdt" python3 benchmarks/step_profile.py --model layout-8b \
+          --state-dtype "$sdt" --batches 1 --host --output-dir "$out"
+      done ;;
+    e2e-ngram-8b)
+      step e2e-ngram-8b python3 benchmarks/e2e.py --models nemotron-h-8b \
+        --state-dtypes float32-ngram3 --batches 1,32 --repeats 3 --rounds 2 \
+        --output "$out/e2e-8b-fp32-ngram3-$gpu.json"
+      step profile-ngram-8b python3 benchmarks/step_profile.py --model nemotron-h-8b \
+        --state-dtype float32-ngram3 --batches 1 --host --output-dir "$out" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
