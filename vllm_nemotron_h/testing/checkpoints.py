@@ -60,7 +60,7 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         moe_latent_size=64,
     ),
     # the 8B's layers (and so its KV-cache groups) at "dense"'s widths: with CUDA graphs a
-    # decode step's time is the host's, which this makes visible (benchmarks/e2e.py)
+    # decode step's time is the host's, which this makes visible (step_profile.py --host)
     "layout-8b": preset((NEMOTRON_H_8B_PATTERN, 256, 8, 32, 64, 2, 4, 2, 64, 512)),
     # "dense" with one MTP layer (vLLM's nemotron_h_mtp drafts with it): an attention layer,
     # since vLLM's CPU MoE cannot run the published "*E" pattern's relu2 experts
