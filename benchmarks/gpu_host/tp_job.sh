@@ -9,7 +9,7 @@
 # Usage: bash benchmarks/gpu_host/tp_job.sh LOG_DIR [STEP ...]
 #   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
-#   e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
+#   e2e-8b-b1 (its B=1 row alone), e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
 #   engine: each rank's kernels per decode step, both implementations), host-8b-b1 (the
 #   8B at B=1 with rank 0's host time by op); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
 #   in the environment: the e2e rows from N engines per implementation, alternating.
@@ -43,6 +43,7 @@ for s in "$@"; do
       done ;;
     tp-*) tp_case "${s#tp-}" ;;
     e2e-8b) step e2e-8b e2e --models nemotron-h-8b --state-dtypes float32 --batches 1,64,128 ;;
+    e2e-8b-b1) step e2e-8b-b1 e2e --models nemotron-h-8b --state-dtypes float32 --batches 1 ;;
     e2e-9b) step e2e-9b e2e --models nano-9b-v2 --state-dtypes bfloat16 --batches 1,64,128 ;;
     e2e-30b) step e2e-30b e2e --models nano-v3-30b --state-dtypes float32 --batches 128 \
       --moe-routing uniform_random ;;
