@@ -187,16 +187,16 @@ def profile_batch(llm, batch: int, decode_steps: int, host: bool) -> dict:
         (sum(long.values()) - sum(short.values())) / decode_steps
         for (short, _), (long, _) in zip(ranks[1], ranks[decode_steps + 1])
     ]
-    (short, short_host), (long, long_host) = ranks[1][0], ranks[decode_steps + 1][0]
+    (short, short_host), (long, _) = ranks[1][0], ranks[decode_steps + 1][0]
     short_wall, long_wall = walls[1], walls[decode_steps + 1]
     decode = {k: (long.get(k, 0.0) - short.get(k, 0.0)) / decode_steps for k in long}
     decode = {k: t for k, t in decode.items() if t > 0}
-    decode_host = {
-        k: ((c - short_host.get(k, (0, 0.0))[0]) / decode_steps,
-            (t - short_host.get(k, (0, 0.0))[1]) / decode_steps)
-        for k, (c, t) in long_host.items()
-    }  # fmt: skip
-    decode_host = {k: v for k, v in decode_host.items() if v[1] > 0}
+    # per rank: a rank that launches late shows as the others' all-reduce kernels waiting
+    decode_host_by_rank = [
+        per_step_host(s_host, l_host, decode_steps)
+        for (_, s_host), (_, l_host) in zip(ranks[1], ranks[decode_steps + 1])
+    ]
+    decode_host = decode_host_by_rank[0]
     prefill = summary(short, short_wall)
     prefill["unprofiled_wall_us"] = dict(
         median=round(statistics.median(prefill_walls), 1), min=round(min(prefill_walls), 1)
@@ -206,7 +206,21 @@ def profile_batch(llm, batch: int, decode_steps: int, host: bool) -> dict:
     if host:
         prefill["host"] = host_summary(short_host)
         decode_step["host"] = host_summary(decode_host)
+        if len(decode_host_by_rank) > 1:
+            decode_step["host_by_rank"] = [host_summary(h, 15) for h in decode_host_by_rank]
     return dict(prefill_step=prefill, decode_step=decode_step)
+
+
+def per_step_host(
+    short: dict[str, tuple[int, float]], long: dict[str, tuple[int, float]], steps: int
+) -> dict[str, tuple[float, float]]:
+    """(calls, self us) per host op of one decode step: the long run's less the short run's,
+    over its ``steps`` decode steps; ops that took no more time in the long run left out."""
+    per_step = {
+        k: ((c - short.get(k, (0, 0.0))[0]) / steps, (t - short.get(k, (0, 0.0))[1]) / steps)
+        for k, (c, t) in long.items()
+    }
+    return {k: v for k, v in per_step.items() if v[1] > 0}
 
 
 def print_table(res: dict[str, dict]) -> None:
@@ -236,6 +250,11 @@ def print_table(res: dict[str, dict]) -> None:
                 continue
             print(f"\nhost time of the {step.replace('_', ' ')} by op, {i}: calls, self us")
             for name, calls, t in res[i][step]["host"][:15]:
+                print(f"  {name[:70]:70}{calls:8}{t:12.1f}")
+    for i in impls:
+        for rank, rows in enumerate(res[i]["decode_step"].get("host_by_rank", [])[1:], 1):
+            print(f"\nhost time of the decode step by op, {i}, rank {rank}: calls, self us")
+            for name, calls, t in rows[:8]:
                 print(f"  {name[:70]:70}{calls:8}{t:12.1f}")
 
 
