@@ -11,7 +11,8 @@
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
 #   e2e-8b-b1 (its B=1 row alone), e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
 #   engine: each rank's kernels per decode step, both implementations), host-8b-b1 (the
-#   8B at B=1 with rank 0's host time by op); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
+#   8B at B=1 with every rank's host time by op), rank-times-8b-b1 (rank_step_times.py: when
+#   each rank enters each B=1 step, no profiler, ROUNDS engines each); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
 #   in the environment: the e2e rows from N engines per implementation, alternating.
 #   Every engine's log of the tests goes to LOG_DIR/engines.
 set -u
@@ -54,6 +55,9 @@ for s in "$@"; do
     host-8b-b1) step host-8b-b1 python3 benchmarks/step_profile.py --model nemotron-h-8b \
       --state-dtype float32 --batches 1 --host --tensor-parallel-size "$tp" \
       --output-dir "$out/host" ;;
+    rank-times-8b-b1) step rank-times-8b-b1 python3 benchmarks/rank_step_times.py \
+      --model nemotron-h-8b --state-dtype float32 --batch 1 --tensor-parallel-size "$tp" \
+      --rounds "${ROUNDS:-2}" --output-dir "$out" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done

@@ -1,0 +1,208 @@
+"""When each tensor-parallel rank runs each engine step, without the profiler: vLLM's built-in
+Nemotron-H against the plugin, each in its own process, engines alternating over --rounds.
+
+In every worker (vLLM's collective_rpc) the model runner's execute_model is wrapped for one
+generate(max_tokens=1 + --decode-steps) of --batch prompts: per call, the host clock
+(CLOCK_MONOTONIC, one clock for every process of the host) at entry and at return, and on a
+GPU the device time between CUDA events recorded at entry and at return. The ranks run the
+same steps in the same order, so step i of every rank is one engine step: a rank's lateness
+is its entry less the earliest rank's; the step's interval is one entry to the next. A rank
+that enters late makes the others wait in the step's all-reduces (their device time grows),
+which is what a profile's all-reduce kernels show without saying which rank or why. The
+first call (the prefill) is left out of the summaries.
+
+    python benchmarks/rank_step_times.py --model nemotron-h-8b --tensor-parallel-size 4
+    VLLM_CPU_OMP_THREADS_BIND="0|1" python benchmarks/rank_step_times.py --model dense \\
+        --tensor-parallel-size 2 --decode-steps 8     # on CPU
+
+Writes benchmarks/results/ (or --output-dir)
+rank-step-times-<model>-<state dtype>-b<batch>-tp<N>-<device>.json and its .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# benchmarks/ is this script's directory
+from e2e import RESULTS, build_llm, device_tag, random_prompts, run_impl
+
+
+def start_timer(worker) -> None:
+    """In each worker: wraps its model runner's execute_model to record each call."""
+    import torch
+
+    runner = worker.model_runner
+    original = runner.execute_model
+    records: list = []
+    cuda = torch.cuda.is_available()
+
+    def timed(*args, **kwargs):
+        enter = time.monotonic_ns()
+        start = torch.cuda.Event(enable_timing=True) if cuda else None
+        if start is not None:
+            start.record()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            end = torch.cuda.Event(enable_timing=True) if cuda else None
+            if end is not None:
+                end.record()
+            records.append((enter, time.monotonic_ns(), start, end))
+
+    runner.execute_model = timed
+    worker.nemotron_h_step_times = records, original
+
+
+def stop_timer(worker) -> list[tuple[int, int, float | None]]:
+    """In each worker: restores execute_model; per call (entry ns, return ns, device us)."""
+    import torch
+
+    records, original = worker.nemotron_h_step_times
+    worker.model_runner.execute_model = original
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return [
+        (enter, leave, None if start is None else 1e3 * start.elapsed_time(end))
+        for enter, leave, start, end in records
+    ]
+
+
+def child(model: str, state_dtype: str, batch: int, decode_steps: int, tp: int) -> dict:
+    import torch
+    from vllm import SamplingParams
+
+    from vllm_nemotron_h.testing import model_class_name
+
+    engine = dict(tensor_parallel_size=tp, distributed_executor_backend="uni" if tp == 1 else "mp")
+    llm = build_llm(model, state_dtype, [batch], decode_steps + 1, **engine)
+    prompts = random_prompts(llm, batch, torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=0.0, max_tokens=decode_steps + 1, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, autotunes, fills caches
+    llm.collective_rpc(start_timer)
+    llm.generate(prompts, params, use_tqdm=False)
+    return dict(
+        model_class=llm.apply_model(model_class_name)[0],
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        ranks=llm.collective_rpc(stop_timer),
+    )
+
+
+def summary(ranks: list[list[tuple[int, int, float | None]]]) -> dict:
+    """Per rank, over the decode steps (every call but the first): median and 90th-percentile
+    lateness, the share of steps it entered last, median host and device time per call; and
+    the median step interval (rank 0's entries)."""
+    steps = min(len(r) for r in ranks)
+    enters = [[r[i][0] for r in ranks] for i in range(1, steps)]
+    late = [[(e - min(step)) / 1e3 for e in step] for step in enters]
+    last = [max(range(len(step)), key=step.__getitem__) for step in enters]
+
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values), 1)
+
+    per_rank = []
+    for rank, calls in enumerate(ranks):
+        decode = calls[1:steps]
+        lateness = sorted(step[rank] for step in late)
+        device = [d for _, _, d in decode if d is not None]
+        per_rank.append(
+            dict(
+                late_us_median=med(lateness),
+                late_us_p90=round(lateness[int(0.9 * (len(lateness) - 1))], 1),
+                last_share=round(last.count(rank) / len(last), 3),
+                host_us_median=med([(leave - enter) / 1e3 for enter, leave, _ in decode]),
+                device_us_median=med(device) if device else None,
+            )
+        )
+    rank0 = [calls[0] for calls in ranks[0][1:steps]]
+    return dict(
+        decode_steps=steps - 1,
+        step_interval_us_median=med([(b - a) / 1e3 for a, b in zip(rank0, rank0[1:])]),
+        ranks=per_rank,
+    )
+
+
+def print_table(res: dict[str, dict]) -> None:
+    cols = ("late_us_median", "late_us_p90", "last_share", "host_us_median", "device_us_median")
+    print(f"\n{'impl / round':18}{'rank':>5}" + "".join(f"{c:>18}" for c in cols))
+    for name, r in res.items():
+        s = r["summary"]
+        for rank, row in enumerate(s["ranks"]):
+            print(f"{name:18}{rank:>5}" + "".join(f"{str(row[c]):>18}" for c in cols))
+        print(f"{'':18}step interval (median) {s['step_interval_us_median']} us")
+
+
+def plot(res: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(res), 1, figsize=(9, 2.6 * len(res)), squeeze=False)
+    for ax, (name, r) in zip(axes[:, 0], res.items()):
+        ranks = r["ranks"]
+        steps = min(len(calls) for calls in ranks)
+        first = [min(calls[i][0] for calls in ranks) for i in range(1, steps)]
+        for rank, calls in enumerate(ranks):
+            late = [(calls[i][0] - first[i - 1]) / 1e3 for i in range(1, steps)]
+            ax.plot(late, label=f"rank {rank}", linewidth=0.9)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel("entry after the first rank (us)", fontsize=8)
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("decode step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="nemotron-h-8b", help="a real shape or a tiny preset")
+    ap.add_argument("--state-dtype", default="float32")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--decode-steps", type=int, default=128)
+    ap.add_argument("--tensor-parallel-size", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2, help="engines per implementation")
+    ap.add_argument("--impls", default="builtin,plugin")
+    ap.add_argument("--output-dir", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    spec = dict(
+        model=args.model, state_dtype=args.state_dtype, batch=args.batch,
+        decode_steps=args.decode_steps, tp=args.tensor_parallel_size,
+    )  # fmt: skip
+    impls = args.impls.split(",")
+    res: dict[str, dict] = {}
+    for round_ in range(args.rounds):
+        # alternating which goes first: an engine's place in the job must not decide
+        for impl in impls if round_ % 2 == 0 else impls[::-1]:
+            r = run_impl(
+                __file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                VLLM_WORKER_MULTIPROC_METHOD="spawn",
+            )  # fmt: skip
+            r["summary"] = summary(r["ranks"])
+            res[f"{impl} {round_}"] = r
+    print_table(res)
+    device = next(iter(res.values()))["device"]
+    name = (
+        f"rank-step-times-{args.model}-{args.state_dtype}-b{args.batch}"
+        f"-tp{args.tensor_parallel_size}-{device_tag(device)}"
+    )
+    meta = dict(
+        vars(args), output_dir=str(args.output_dir), date=time.strftime("%Y-%m-%d"),
+        device=device,
+    )  # fmt: skip
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    path = args.output_dir / f"{name}.json"
+    path.write_text(json.dumps(dict(meta=meta, **res), indent=1))
+    plot(res, path.with_suffix(".png"))
+    print(f"wrote {path} and its .png")
+
+
+if __name__ == "__main__":
+    main()
