@@ -99,7 +99,6 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
         K, n = rows.tokens_by_position.shape
         states = torch.empty(K + 1, n, nheads, head_dim, d_state, dtype=state.dtype)
         torch.index_select(state, 0, rows.sources, out=states[0])
-        own = torch.arange(n, dtype=torch.int32)
         dt = step.dt[rows.tokens_by_position]  # (K, n, nheads)
         z = step.z[rows.tokens_by_position].view(K, n, nheads, head_dim)
         y = torch.empty(K, n, nheads, head_dim, dtype=conv.dtype)
@@ -108,7 +107,7 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             states[t + 1].copy_(states[t])
             update = StateUpdateStep(
                 x, dt[t, :, :, None].expand(x.shape), params.A, B, C, params.D,
-                params.dt_bias, z[t], own, -1, y[t],
+                params.dt_bias, z[t], rows.row_index, -1, y[t],
             )  # fmt: skip
             cpu_ops.state_update(states[t + 1], update)
         stored = states[1:].flatten(0, 1)

@@ -33,10 +33,10 @@ class LiveRows:
     slots: torch.Tensor  # (n, K) their slots
     tokens: torch.Tensor  # (n, K) their tokens' indices; padded positions: the row's first
     valid: torch.Tensor  # (n, K) which positions are tokens of the row
-    all_valid: bool  # every row has K tokens
     window_start: torch.Tensor  # (n, 1, 1) each row's accepted window's first conv column
     sources: torch.Tensor  # (n,) the slot each row's state is read from
     tokens_by_position: torch.Tensor  # (K, n) tokens.T, contiguous
+    row_index: torch.Tensor  # (n,) int32 0..n-1: each row's place in a position's block
     # the valid positions in the flattened (K * n) block (None: every position) and their
     # tokens; the stored positions (a token, a slot not the null slot; None: every position)
     # and their slots
@@ -72,8 +72,9 @@ class LiveRows:
         valid_positions = None if bool(valid_pm.all()) else valid_pm.nonzero().flatten()
         stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
         return cls(
-            slots, tokens, valid, valid_positions is None, (accepted - 1)[:, None, None],
-            slots.gather(1, (accepted - 1)[:, None]).flatten(), by_position, valid_positions,
+            slots, tokens, valid, (accepted - 1)[:, None, None],
+            slots.gather(1, (accepted - 1)[:, None]).flatten(), by_position,
+            torch.arange(len(rows), dtype=torch.int32), valid_positions,
             _picked(by_position.flatten(), valid_positions), stored_positions,
             _picked(slots.T.flatten(), stored_positions),
         )  # fmt: skip
@@ -85,7 +86,7 @@ class LiveRows:
         if width not in self._columns:
             taps = self.window_start + torch.arange(width - 1)
             kept = None
-            if not self.all_valid:
+            if self.valid_positions is not None:  # some row has fewer than K tokens
                 shifted = torch.ones_like(self.valid[:, :1]).expand(-1, width - 2)
                 kept = torch.cat([shifted, self.valid], dim=1)[:, None, :]
             self._columns[width] = taps, kept
