@@ -59,34 +59,6 @@ def acceptance(metrics: dict) -> tuple[int, int]:
     )
 
 
-def test_accepted_counts_follow_each_sequences_progress():
-    """Where vLLM gives no accepted counts (vLLM 0.26 in a step without drafts) the builder
-    counts them: the tokens a sequence had computed before this step less those before its
-    previous step, kept by slot."""
-    import torch
-
-    from vllm_nemotron_h.model_executor.state_slots import accepted_since_last_step
-
-    before = torch.zeros(8, dtype=torch.int64)
-
-    def step(slots, seq_lens, query_lens, decodes):
-        t = [torch.tensor(v) for v in (slots, seq_lens, query_lens)]
-        return accepted_since_last_step(before, *t, decodes, 4).tolist()
-
-    assert step([3, 5], [10, 4], [10, 4], 0) == []  # two prompts (the second chunked)
-    # slot 3 verifies 3 drafts; slot 5 prefills its last 4 prompt tokens
-    assert step([3, 5], [14, 8], [4, 4], 1) == [1]
-    # 2 of slot 3's drafts were accepted (the scheduler moved it on by 3 tokens); no drafts
-    assert step([3, 5], [14, 9], [1, 1], 2) == [3, 1]
-    assert step([5, 3], [10, 15], [1, 1], 2) == [1, 1]
-    # slot 3's next owner: a prompt, then its first decode
-    assert step([3], [6], [6], 0) == []
-    assert step([3], [7], [1], 1) == [1]
-    # slot 6: a prompt of 4 tokens run as a decode row keeps all 4 tokens' states
-    step([6], [4], [4], 1)
-    assert step([6], [5], [1], 1) == [4]
-
-
 @pytest.mark.parametrize(
     "preset, speculative_config",
     [("dense", NGRAM), ("dense-mtp", dict(method="mtp", num_speculative_tokens=2))],

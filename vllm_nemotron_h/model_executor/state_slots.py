@@ -24,7 +24,10 @@ losing the tokens accepted at the row's previous step) the builder counts them: 
 scheduler advances a sequence by the tokens the sampler accepted, so the count is the
 sequence's tokens computed before this step less those before its previous one, which the
 builder keeps per slot (prefix caching off: a sequence keeps its slot); where vLLM gives the
-counts in every step (vLLM 0.32) it does not count.
+counts in every step (vLLM 0.32) it does not count. Both in one launch per group and step
+(ops/speculative_rows): under speculative decoding every Mamba cache group builds its own
+metadata every step (vLLM turns ``update_block_table`` off), so the builder's ops repeat
+per group.
 
 With deferred writes the builder also keeps the rings empty wherever a decode step runs the
 fused per-step tail (the small batch sizes of the device table, decode_plan.py): before the
@@ -42,6 +45,8 @@ import torch
 from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
 from vllm_nemotron_h.model_executor.validation import state_layout
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import LiveRows
+from vllm_nemotron_h.ops.speculative_rows import interface as speculative_rows_op
+from vllm_nemotron_h.ops.speculative_rows.args import AcceptedCount, RowBuffers, StepRows
 from vllm_nemotron_h.vllm_boundary.config import mamba_cache_mode, speculative_tokens
 from vllm_nemotron_h.vllm_boundary.layers import mixer_states, mixers_of
 from vllm_nemotron_h.vllm_boundary.metadata import (
@@ -78,10 +83,8 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     prompt_rows_d: PromptRows | None = None
     # prefill rows of a prompt token and placeholder drafts (vllm_boundary.metadata)
     placeholder_prefills: PlaceholderPrefills | None = None
-    # Under speculative decoding: every row's first token (rows + 1, vLLM's buffer), and the
-    # decode rows' accepted counts as the builder counted them (used where vLLM gives none).
+    # Under speculative decoding: every row's first token (rows + 1, vLLM's buffer).
     query_start_rows: torch.Tensor | None = None
-    counted_accepted_d: torch.Tensor | None = None
     # Under speculative decoding, once per step: each decode row's count of tokens a row of
     # prompt tokens run as a decode kept at its previous step (0: vLLM's count stands)
     prompt_tokens_kept_d: torch.Tensor | None = None
@@ -108,9 +111,13 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             (max_rows, *per_row), NULL_BLOCK_ID, dtype=torch.int64, device=device
         )
         if self.draft_tokens:
-            self.one_token_starts = torch.arange(max_rows + 1, device=device)
-            self.query_start = self.one_token_starts.clone()
-            self.num_accepted = torch.ones(max_rows, dtype=torch.int64, device=device)
+            self.row_buffers = RowBuffers(
+                self.state_slots,
+                torch.arange(max_rows + 1, device=device),
+                torch.ones(max_rows, dtype=torch.int64, device=device),
+            )
+            # a step without decode rows: no slots
+            self.no_rows = torch.empty((0, per_row[0]), dtype=torch.int32, device=device)
         nheads, head_dim, _ = kv_cache_spec.shapes[1]  # the SSM state of one slot
         self.decode_plan = DecodePlan(
             max_rows, nheads, head_dim, torch.device(device), self.draft_tokens
@@ -143,17 +150,15 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 metadata.ring_flush_slots_p = torch.where(
                     metadata.has_initial_states_p, slots_p, null
                 )
-        if self.counts_accepted and metadata.counted_accepted_d is None:
-            metadata.counted_accepted_d = self.count_accepted(metadata)
         if self.draft_tokens and not metadata.prompt_tokens_counted:
             metadata.prompt_tokens_kept_d = self.prompt_tokens_kept(metadata)
             metadata.prompt_tokens_counted = True
+        if self.draft_tokens and (metadata.num_decodes > 0 or self.counts_accepted):
+            self.speculative_rows(metadata)  # counting records prefill rows too
         if metadata.num_decodes > 0:
             slots = decode_slots(metadata)
             rows = slots.shape[0]
-            if self.draft_tokens:
-                self.speculative_rows(metadata, rows)
-            else:
+            if not self.draft_tokens:
                 self.state_slots[:rows].copy_(slots, non_blocking=True)
             metadata.state_slots_d = self.state_slots[:rows]
             on_cpu = self.state_slots.device.type == "cpu"
@@ -174,29 +179,32 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 self.keep_rings_empty_for_fused_steps(rows)
         return metadata
 
-    def speculative_rows(self, metadata: StateSlotsMetadata, rows: int) -> None:
-        """Copies the decode rows' slot table, token starts and accepted counts into the
-        builder's buffers and points the metadata at them. vLLM gives no counts for a step
-        of one-token rows that were prompt chunks: each row's state is then in its first
-        slot, as one accepted token says; so is a prompt's first token's (zeroed first)."""
-        self.state_slots[:rows].copy_(metadata.state_indices_tensor_d, non_blocking=True)
-        if metadata.num_accepted_tokens is None:  # one token per row
-            self.query_start[: rows + 1].copy_(self.one_token_starts[: rows + 1])
-            self.num_accepted[:rows].fill_(1)
-            if metadata.counted_accepted_d is not None:
-                counted = metadata.counted_accepted_d
-                self.num_accepted[: counted.shape[0]].copy_(counted, non_blocking=True)
-        else:
-            self.query_start[: rows + 1].copy_(metadata.query_start_loc_d, non_blocking=True)
-            self.num_accepted[:rows].copy_(metadata.num_accepted_tokens, non_blocking=True)
+    def speculative_rows(self, metadata: StateSlotsMetadata) -> None:
+        """Fills the builder's buffers with the decode rows' slot table, token starts and
+        accepted counts (counted where vLLM gives none, with ``counts_accepted``: the step's
+        progress is recorded then, in steps of prefills alone too) and points the metadata
+        at them. vLLM gives no counts for a step of one-token rows that were prompt chunks:
+        each row's state is then in its first slot, as one accepted token says; so is a
+        prompt's first token's (zeroed first)."""
+        decoding = metadata.num_decodes > 0
+        table = metadata.state_indices_tensor_d if decoding else self.no_rows
+        if decoding and metadata.num_accepted_tokens is not None:
+            step = StepRows(table, metadata.query_start_loc_d, metadata.num_accepted_tokens)
+        else:  # one token per row
+            step = StepRows(table)
+        count = self.accepted_count(metadata) if self.counts_accepted else None
+        speculative_rows_op.run(step, self.row_buffers, count)
+        if not decoding:
+            return
+        rows, num_accepted = step.rows, self.row_buffers.num_accepted
         prompt_rows = metadata.prompt_rows_d
         if prompt_rows is not None:  # a new prompt reads its zeroed first slot
-            self.num_accepted[prompt_rows.rows[prompt_rows.new].to(self.num_accepted.device)] = 1
+            num_accepted[prompt_rows.rows[prompt_rows.new].to(num_accepted.device)] = 1
         kept = metadata.prompt_tokens_kept_d
         if kept is not None:
-            self.num_accepted[:rows] = torch.where(kept > 0, kept, self.num_accepted[:rows])
-        metadata.query_start_d = self.query_start[: rows + 1]
-        metadata.num_accepted_d = self.num_accepted[:rows]
+            num_accepted[:rows] = torch.where(kept > 0, kept, num_accepted[:rows])
+        metadata.query_start_d = self.row_buffers.query_start[: rows + 1]
+        metadata.num_accepted_d = num_accepted[:rows]
 
     def prompt_tokens_kept(self, metadata: StateSlotsMetadata) -> torch.Tensor | None:
         """A row of prompt tokens alone that ran as a decode keeps all of its tokens, where
@@ -209,7 +217,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         whole, tokens = (None, None) if prompt_rows is None else prompt_rows.kept_whole()
         if self.kept is None and (whole is None or not len(whole)):
             return None
-        device = self.num_accepted.device
+        device = self.state_slots.device
         if self.kept is None:
             ssm_state = mixer_states(mixers_of(self.vllm_config, self.layer_names)[0])[1]
             self.kept = torch.zeros(ssm_state.shape[0], dtype=torch.int64, device=device)
@@ -226,24 +234,22 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             self.kept[first_slots[whole.to(device)]] = tokens.to(device, torch.int64)
         return kept
 
-    def count_accepted(self, metadata: StateSlotsMetadata) -> torch.Tensor:
-        """The decode rows' accepted counts of their previous step (device int64, 1 to
-        1 + drafts), from the tokens computed before this step and before that one; records
-        this step's for the next (once per step: the metadata vLLM copies for other groups
-        carries the counts)."""
-        nd, n = metadata.num_decodes, metadata.num_decodes + metadata.num_prefills
+    def accepted_count(self, metadata: StateSlotsMetadata) -> AcceptedCount:
+        """The step's rows as ops/speculative_rows counts them, with the builder's record of
+        each slot's tokens (made at the first step, when the states are bound)."""
         if self.tokens_before is None:
             ssm_state = mixer_states(mixers_of(self.vllm_config, self.layer_names)[0])[1]
             self.tokens_before = torch.zeros(
                 ssm_state.shape[0], dtype=torch.int64, device=self.state_slots.device
             )
-        slots = torch.cat(
-            [metadata.state_indices_tensor_d[:nd, 0], metadata.state_indices_tensor_p[: n - nd]]
-        ).long()
-        seq_lens = metadata.seq_lens[:n].long()
-        query_lens = torch.diff(metadata.query_start_rows[: n + 1]).long()
-        return accepted_since_last_step(
-            self.tokens_before, slots, seq_lens, query_lens, nd, 1 + self.draft_tokens
+        prefill_slots = metadata.state_indices_tensor_p
+        return AcceptedCount(
+            self.tokens_before,
+            self.no_rows[:, 0] if prefill_slots is None else prefill_slots,
+            metadata.seq_lens,
+            metadata.query_start_rows,
+            metadata.num_decodes,
+            metadata.num_decodes + metadata.num_prefills,
         )
 
     def keep_rings_empty_for_fused_steps(self, rows: int) -> None:
@@ -268,26 +274,6 @@ def one_token_rows(query_start: torch.Tensor, num_accepted: torch.Tensor) -> boo
     and each accepted one token at its previous step (its state is in its first slot, its
     conv window the first columns). Reads the tensors: CPU steps only."""
     return bool((query_start.diff() <= 1).all() and (num_accepted == 1).all())
-
-
-def accepted_since_last_step(
-    tokens_before: torch.Tensor,
-    slots: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_lens: torch.Tensor,
-    num_decodes: int,
-    max_tokens: int,
-) -> torch.Tensor:
-    """The first ``num_decodes`` rows' accepted counts at their previous step: the tokens
-    computed before this step less ``tokens_before[slot]`` (recorded at that step), in
-    1..``max_tokens``. Then records this step's rows: a decode row's tokens computed before
-    this step (the sampler will accept 1..q of its q tokens), a prefill row's last token
-    (all of its tokens are kept: the next step counts one)."""
-    computed = seq_lens - query_lens
-    counted = (computed[:num_decodes] - tokens_before[slots[:num_decodes]]).clamp(1, max_tokens)
-    recorded = torch.cat([computed[:num_decodes], seq_lens[num_decodes:] - 1])
-    tokens_before.index_copy_(0, slots, recorded)
-    return counted
 
 
 class StateSlotsMamba2Backend(Mamba2AttentionBackend):
