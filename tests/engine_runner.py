@@ -12,7 +12,10 @@ entry of ``jobs`` runs afterwards as a batch of its own through the same engine 
 "jobs"); "cached_tokens" holds each request's prompt tokens served from the prefix cache,
 per batch (the first, then each job's). With "metrics" (and ``disable_log_stats: false``
 among the engine arguments) the engine's counters and gauges after all of it come back as
-"metrics" (e.g. "vllm:num_preemptions").
+"metrics" (e.g. "vllm:num_preemptions"). With "logprobs" the first batch's chosen tokens'
+logprobs come back as "logprobs", and per token of every request (the first batch, then each
+job's) how far the chosen token led the best other one, in nats, as "margins" (near 0 at a
+near-tie, which another batch's rounding may turn over).
 "launch_tables" replaces entries of the plugin's launch tables (ops/launch_config.py) while the
 engine runs; it reaches the model only with the engine in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0).
@@ -42,7 +45,7 @@ def run(spec: dict) -> dict:
             temperature=0.0,
             max_tokens=n,
             ignore_eos=True,
-            logprobs=1 if spec.get("logprobs") else None,
+            logprobs=2 if spec.get("logprobs") else None,  # the runner-up too: margins
         )
 
     params = sampling(max(counts))
@@ -59,15 +62,19 @@ def run(spec: dict) -> dict:
         result["texts"] = [o.outputs[0].text for o in outs]
     # Further batches through the same engine (batch invariance, slot reuse).
     result["jobs"] = []
+    margins = [margins_of(o) for o in outs] if spec.get("logprobs") else None
     for job in spec.get("jobs", []):
         job_outs = llm.generate([{"prompt_token_ids": p} for p in job], params, use_tqdm=False)
         result["jobs"].append([list(o.outputs[0].token_ids) for o in job_outs])
         result["cached_tokens"].append([o.num_cached_tokens or 0 for o in job_outs])
+        if margins is not None:
+            margins += [margins_of(o) for o in job_outs]
     if spec.get("logprobs"):
         result["logprobs"] = [
             [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
             for o in outs
         ]
+        result["margins"] = margins
     if spec.get("metrics"):
         result["metrics"] = {
             m.name: m.value
@@ -75,6 +82,15 @@ def run(spec: dict) -> dict:
             if isinstance(getattr(m, "value", None), (int, float))
         }
     return result
+
+
+def margins_of(output) -> list[float]:
+    """Per generated token: its logprob less the best other candidate's (logprobs=2)."""
+    completion = output.outputs[0]
+    return [
+        lp[t].logprob - max((v.logprob for k, v in lp.items() if k != t), default=float("-inf"))
+        for t, lp in zip(completion.token_ids, completion.logprobs)
+    ]
 
 
 def profile_decode(llm, prompt, params) -> list[list]:

@@ -183,9 +183,27 @@ def test_disconnects_mid_stream_leave_no_trace(server, request, reliability_repo
     )
 
 
+# Two candidates whose logprobs lie closer than this (nats) may swap between batch
+# compositions: vLLM's CPU GEMMs round a row differently with other rows beside it. A wrong
+# state parts a sequence where the chosen token leads by far more.
+NEAR_TIE = 1e-4
+
+
+def parts_only_at_a_near_tie(busy: list[int], alone: list[int], margins: list[float]) -> bool:
+    """Whether ``busy`` equals ``alone`` or parts from it first where the request run alone
+    chose between near-tied tokens (after that the continuations are not comparable)."""
+    first = next((i for i, (a, b) in enumerate(zip(busy, alone)) if a != b), None)
+    if first is None:
+        return len(busy) == len(alone)
+    return margins[first] < NEAR_TIE
+
+
 @pytest.mark.parametrize("ring", [0, 4], ids=["per-step", "deferred"])
 def test_preemption_recomputes_to_the_same_tokens(ring, tiny_checkpoint, reliability_report):
-    """With deferred state writes (a ring of 4) sequences are preempted mid-ring."""
+    """With deferred state writes (a ring of 4) sequences are preempted mid-ring. Each output
+    equals the same request run alone, or parts from it at a near-tie of the alone run (the
+    random tiny model has such ties: with RELIABILITY_SEED=531637244 a request of the
+    per-step case meets two tokens whose logprobs agree to 5 decimals)."""
     rng = random.Random(SEED + 2)
     prompts = [[rng.randrange(4, 500) for _ in range(rng.randint(16, 90))] for _ in range(12)]
     res = run_engine(
@@ -203,17 +221,25 @@ def test_preemption_recomputes_to_the_same_tokens(ring, tiny_checkpoint, reliabi
             ),
             jobs=[[p] for p in prompts],
             metrics=True,
+            logprobs=True,
         )
     )
     preemptions = res["metrics"]["vllm:num_preemptions"]
     assert preemptions > 0, "the budget was meant to force preemption"
-    assert res["tokens"] == [job[0] for job in res["jobs"]], f"seed {SEED}"
+    alone = [job[0] for job in res["jobs"]]
+    alone_margins = res["margins"][len(prompts) :]
+    for i, (busy, want, margins) in enumerate(zip(res["tokens"], alone, alone_margins)):
+        assert parts_only_at_a_near_tie(busy, want, margins), (
+            f"request {i} differs from the same request alone (seed {SEED})"
+        )
+    equal = sum(busy == want for busy, want in zip(res["tokens"], alone))
     assert res["metrics"]["vllm:kv_cache_usage_perc"] == 0.0
     reliability_report.add(
         "preemption" + (", deferred state writes" if ring else ""),
         "12 requests (16-90 prompt tokens, 100 new) through a cache of 16 blocks with "
         f"max_num_seqs={MAX_NUM_SEQS}: vLLM preempts and recomputes",
-        f"{int(preemptions)} preemptions; all 12 outputs token-equal to each request alone",
+        f"{int(preemptions)} preemptions; {equal} of 12 outputs token-equal to each request "
+        f"alone, the others parting at a near-tie (< {NEAR_TIE} nats) of the alone run",
     )
 
 
