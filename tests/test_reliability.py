@@ -39,10 +39,16 @@ def random_requests(rng: random.Random, n: int, max_prompt: int, max_new: int) -
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, url: str, model: str, req: dict, disconnect_after: int = 0
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    req: dict,
+    disconnect_after: int = 0,
+    margins: bool = False,
 ) -> dict:
     """Streams one greedy completion. With ``disconnect_after`` the client closes the
-    connection after that many tokens, as a user who closes the tab does."""
+    connection after that many tokens, as a user who closes the tab does. With ``margins``
+    the result also says per token how far the chosen token led the runner-up (nats)."""
     body = dict(
         model=model,
         prompt=req["prompt"],
@@ -52,9 +58,12 @@ async def stream_completion(
         stream=True,
         return_token_ids=True,
     )
+    if margins:
+        body.update(logprobs=2, return_tokens_as_token_ids=True)
     start = time.perf_counter()
     first = None
     tokens: list[int] = []
+    leads: list[float] = []
     finish = None
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
         resp.raise_for_status()
@@ -64,11 +73,18 @@ async def stream_completion(
             choice = json.loads(line[len("data: ") :])["choices"][0]
             first = first or time.perf_counter()
             tokens += choice.get("token_ids") or []
+            if margins and choice.get("logprobs"):
+                logprobs = choice["logprobs"]
+                for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"]):
+                    others = [v for k, v in top.items() if k != token]
+                    leads.append(top[token] - max(others, default=float("-inf")))
             finish = choice.get("finish_reason") or finish
             if disconnect_after and len(tokens) >= disconnect_after:
                 break  # leaving the block closes the connection mid-stream
     end = time.perf_counter()
-    return dict(tokens=tokens, finish=finish, wait=(first or end) - start, total=end - start)
+    return dict(
+        tokens=tokens, finish=finish, wait=(first or end) - start, total=end - start, margins=leads
+    )
 
 
 def run_async(coro_fn, *args):
@@ -80,7 +96,7 @@ def run_async(coro_fn, *args):
 
 
 async def _alone(client, url, model, reqs):
-    return [await stream_completion(client, url, model, r) for r in reqs]
+    return [await stream_completion(client, url, model, r, margins=True) for r in reqs]
 
 
 async def _together(client, url, model, reqs, disconnect_after):
@@ -90,8 +106,11 @@ async def _together(client, url, model, reqs, disconnect_after):
 
 
 def alone(url: str, model: str, reqs: list[dict]) -> list[dict]:
-    """Each request sent on its own, one after the other: the reference."""
-    return run_async(_alone, url, model, reqs)
+    """Each request sent on its own, one after the other: the reference (with each token's
+    lead over the runner-up)."""
+    got = run_async(_alone, url, model, reqs)
+    assert all(len(g["margins"]) == len(g["tokens"]) for g in got), "a token came without logprobs"
+    return got
 
 
 def together(url: str, model: str, reqs: list[dict], disconnect_after=None) -> list[dict]:
@@ -99,13 +118,38 @@ def together(url: str, model: str, reqs: list[dict], disconnect_after=None) -> l
     return run_async(_together, url, model, reqs, disconnect_after or [0] * len(reqs))
 
 
-def assert_same(got: list[dict], want: list[dict], reqs: list[dict], what: str) -> None:
+# Two candidates whose logprobs lie closer than this (nats) may swap between batch
+# compositions: vLLM's CPU GEMMs round a row differently with other rows beside it. A wrong
+# state parts a sequence where the chosen token leads by far more.
+NEAR_TIE = 1e-4
+
+
+def parts_only_at_a_near_tie(busy: list[int], alone: list[int], margins: list[float]) -> bool:
+    """Whether ``busy`` equals ``alone`` or parts from it first where the request run alone
+    chose between near-tied tokens (after that the continuations are not comparable). The
+    random tiny model has such ties: with RELIABILITY_SEED=531637244 a request of the
+    per-step preemption test meets two tokens whose logprobs agree to 5 decimals."""
+    first = next((i for i, (a, b) in enumerate(zip(busy, alone)) if a != b), None)
+    if first is None:
+        return len(busy) == len(alone)
+    return margins[first] < NEAR_TIE
+
+
+def near_ties(equal: int, total: int) -> str:
+    """The report's words for the requests that parted from themselves alone at a near-tie."""
+    return "" if equal == total else f", the others parting at a near-tie (< {NEAR_TIE} nats)"
+
+
+def assert_same(got: list[dict], want: list[dict], reqs: list[dict], what: str) -> int:
+    """Each of ``got`` equals the request alone, or parts from it only at a near-tie; returns
+    how many are equal."""
     for i, (g, w, r) in enumerate(zip(got, want, reqs)):
-        assert g["tokens"] == w["tokens"], (
+        assert parts_only_at_a_near_tie(g["tokens"], w["tokens"], w["margins"]), (
             f"{what}: request {i} (prompt {len(r['prompt'])} tokens, {r['max_tokens']} new) "
             f"differs from the same request alone (seed {SEED})"
         )
         assert len(g["tokens"]) == r["max_tokens"] and g["finish"] == "length"
+    return sum(g["tokens"] == w["tokens"] for g, w in zip(got, want))
 
 
 def serves_past_context() -> bool:
@@ -135,7 +179,7 @@ def test_concurrent_load_equals_each_request_alone(tiny_server, reliability_repo
     start = time.perf_counter()
     got = together(url, model, reqs)
     wall = time.perf_counter() - start
-    assert_same(got, want, reqs, "64 concurrent streams")
+    equal = assert_same(got, want, reqs, "64 concurrent streams")
     m = wait_idle(url)
     assert m["vllm:kv_cache_usage_perc"] == 0.0, "blocks or state slots still held when idle"
     reliability_report.add(
@@ -143,7 +187,8 @@ def test_concurrent_load_equals_each_request_alone(tiny_server, reliability_repo
         f"64 streaming requests at once (prompts 1-160 tokens, 1-48 new, random), "
         f"the OpenAI server (examples/serve.sh) with max_num_seqs={MAX_NUM_SEQS}, tiny fp32 "
         f"model on {device_name()} (references sent first, one by one)",
-        f"64/64 token-equal to each request alone; {len(reqs) / wall:.1f} requests/s, "
+        f"{equal}/64 token-equal to each request alone{near_ties(equal, 64)}; "
+        f"{len(reqs) / wall:.1f} requests/s, "
         f"longest wait for the first token {max(g['wait'] for g in got):.2f} s, "
         f"longest request {max(g['total'] for g in got):.2f} s; cache usage 0 % when idle",
     )
@@ -161,7 +206,7 @@ def test_disconnects_mid_stream_leave_no_trace(server, request, reliability_repo
     reqs = [r for pair in zip(normal, aborted) for r in pair]
     cut = [d for _ in normal for d in (0, rng.randint(1, 6))]
     got = together(url, model, reqs, cut)
-    assert_same(got[0::2], want, normal, "normal requests among disconnects")
+    equal = assert_same(got[0::2], want, normal, "normal requests among disconnects")
     after = wait_idle(url)
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     normal_tokens = sum(r["max_tokens"] for r in normal)
@@ -172,38 +217,24 @@ def test_disconnects_mid_stream_leave_no_trace(server, request, reliability_repo
     assert after["vllm:kv_cache_usage_perc"] == 0.0, "a disconnected request still holds a slot"
     # The slots the aborted requests had are handed out again: still clean.
     again = random_requests(rng, MAX_NUM_SEQS, max_prompt=48, max_new=24)
-    assert_same(together(url, model, again), alone(url, model, again), again, "after aborts")
+    again_equal = assert_same(
+        together(url, model, again), alone(url, model, again), again, "after aborts"
+    )
     reliability_report.add(
         "client disconnects" + (", deferred state writes" if "deferred" in server else ""),
         "24 streaming clients that close the connection after 1-6 tokens (of 200 asked), "
         "interleaved with 24 normal streams, then 8 new requests into the freed slots",
-        f"normal streams token-equal to alone; the cut requests were aborted "
-        f"({int(generated - normal_tokens)} of 4800 tokens generated); "
-        f"no request running and cache usage 0 % afterwards; the next 8 requests correct",
+        f"{equal}/24 normal streams token-equal to alone{near_ties(equal, 24)}; the cut "
+        f"requests were aborted ({int(generated - normal_tokens)} of 4800 tokens generated); "
+        f"no request running and cache usage 0 % afterwards; the next 8 requests "
+        f"{again_equal}/8 token-equal to alone{near_ties(again_equal, 8)}",
     )
-
-
-# Two candidates whose logprobs lie closer than this (nats) may swap between batch
-# compositions: vLLM's CPU GEMMs round a row differently with other rows beside it. A wrong
-# state parts a sequence where the chosen token leads by far more.
-NEAR_TIE = 1e-4
-
-
-def parts_only_at_a_near_tie(busy: list[int], alone: list[int], margins: list[float]) -> bool:
-    """Whether ``busy`` equals ``alone`` or parts from it first where the request run alone
-    chose between near-tied tokens (after that the continuations are not comparable)."""
-    first = next((i for i, (a, b) in enumerate(zip(busy, alone)) if a != b), None)
-    if first is None:
-        return len(busy) == len(alone)
-    return margins[first] < NEAR_TIE
 
 
 @pytest.mark.parametrize("ring", [0, 4], ids=["per-step", "deferred"])
 def test_preemption_recomputes_to_the_same_tokens(ring, tiny_checkpoint, reliability_report):
     """With deferred state writes (a ring of 4) sequences are preempted mid-ring. Each output
-    equals the same request run alone, or parts from it at a near-tie of the alone run (the
-    random tiny model has such ties: with RELIABILITY_SEED=531637244 a request of the
-    per-step case meets two tokens whose logprobs agree to 5 decimals)."""
+    equals the same request run alone, or parts from it at a near-tie of the alone run."""
     rng = random.Random(SEED + 2)
     prompts = [[rng.randrange(4, 500) for _ in range(rng.randint(16, 90))] for _ in range(12)]
     res = run_engine(
@@ -238,8 +269,8 @@ def test_preemption_recomputes_to_the_same_tokens(ring, tiny_checkpoint, reliabi
         "preemption" + (", deferred state writes" if ring else ""),
         "12 requests (16-90 prompt tokens, 100 new) through a cache of 16 blocks with "
         f"max_num_seqs={MAX_NUM_SEQS}: vLLM preempts and recomputes",
-        f"{int(preemptions)} preemptions; {equal} of 12 outputs token-equal to each request "
-        f"alone, the others parting at a near-tie (< {NEAR_TIE} nats) of the alone run",
+        f"{int(preemptions)} preemptions; {equal}/12 outputs token-equal to each request "
+        f"alone{near_ties(equal, 12)}",
     )
 
 
