@@ -140,16 +140,28 @@ def near_ties(equal: int, total: int) -> str:
     return "" if equal == total else f", the others parting at a near-tie (< {NEAR_TIE} nats)"
 
 
-def assert_same(got: list[dict], want: list[dict], reqs: list[dict], what: str) -> int:
-    """Each of ``got`` equals the request alone, or parts from it only at a near-tie; returns
-    how many are equal."""
-    for i, (g, w, r) in enumerate(zip(got, want, reqs)):
-        assert parts_only_at_a_near_tie(g["tokens"], w["tokens"], w["margins"]), (
+def assert_equal_or_near_tie(
+    got: list[list[int]], want: list[list[int]], margins: list[list[float]], reqs, what: str
+) -> int:
+    """Each of ``got`` equals the request alone (``want``, with its tokens' ``margins``), or
+    parts from it only at a near-tie; returns how many are equal."""
+    for i, (g, w, m, r) in enumerate(zip(got, want, margins, reqs)):
+        assert parts_only_at_a_near_tie(g, w, m), (
             f"{what}: request {i} (prompt {len(r['prompt'])} tokens, {r['max_tokens']} new) "
             f"differs from the same request alone (seed {SEED})"
         )
+    return sum(g == w for g, w in zip(got, want))
+
+
+def assert_same(got: list[dict], want: list[dict], reqs: list[dict], what: str) -> int:
+    """Streams: each complete, and equal to the request alone or parting at a near-tie;
+    returns how many are equal."""
+    for g, r in zip(got, reqs):
         assert len(g["tokens"]) == r["max_tokens"] and g["finish"] == "length"
-    return sum(g["tokens"] == w["tokens"] for g, w in zip(got, want))
+    return assert_equal_or_near_tie(
+        [g["tokens"] for g in got], [w["tokens"] for w in want], [w["margins"] for w in want],
+        reqs, what,
+    )  # fmt: skip
 
 
 def serves_past_context() -> bool:
@@ -257,13 +269,10 @@ def test_preemption_recomputes_to_the_same_tokens(ring, tiny_checkpoint, reliabi
     )
     preemptions = res["metrics"]["vllm:num_preemptions"]
     assert preemptions > 0, "the budget was meant to force preemption"
-    alone = [job[0] for job in res["jobs"]]
-    alone_margins = res["margins"][len(prompts) :]
-    for i, (busy, want, margins) in enumerate(zip(res["tokens"], alone, alone_margins)):
-        assert parts_only_at_a_near_tie(busy, want, margins), (
-            f"request {i} differs from the same request alone (seed {SEED})"
-        )
-    equal = sum(busy == want for busy, want in zip(res["tokens"], alone))
+    equal = assert_equal_or_near_tie(
+        res["tokens"], [job[0] for job in res["jobs"]], res["margins"][len(prompts) :],
+        [dict(prompt=p, max_tokens=100) for p in prompts], "preemption",
+    )  # fmt: skip
     assert res["metrics"]["vllm:kv_cache_usage_perc"] == 0.0
     reliability_report.add(
         "preemption" + (", deferred state writes" if ring else ""),

@@ -32,6 +32,12 @@ def run(impl, rows, count, device):
     return out
 
 
+def on_cpu(rows: StepRows) -> StepRows:
+    """The same rows on the CPU, for the reference."""
+    fields = (rows.slot_table, rows.query_start, rows.num_accepted)
+    return StepRows(*(None if t is None else t.cpu() for t in fields))
+
+
 def assert_same(a: RowBuffers, b: RowBuffers) -> None:
     for name in ("state_slots", "query_start", "num_accepted"):
         assert getattr(a, name).cpu().tolist() == getattr(b, name).cpu().tolist(), name
@@ -51,8 +57,7 @@ def test_rows_match_reference(device, impl, given, index_dtype):
             accepted = torch.randint(1, K + 1, (n,), device=device).to(index_dtype)
         rows = StepRows(table, starts, accepted)
         expected = buffers("cpu")
-        speculative_rows_reference(StepRows(*(t.cpu() if t is not None else t for t in (
-            table, starts, accepted))), expected)  # fmt: skip
+        speculative_rows_reference(on_cpu(rows), expected)
         got = run(IMPLEMENTATIONS[impl], rows, None, device)
         assert_same(got, expected)
         # rows past the step's are left as they were
@@ -69,8 +74,7 @@ def step(device, impl, before, decodes, prefills, given=None):
     prefill_slots = torch.tensor([s for s, _, _ in prefills], dtype=torch.int32)
     rows_all = decodes + prefills
     seq_lens = torch.tensor([q for _, q, _ in rows_all], dtype=torch.int32)
-    step_starts = torch.tensor([0] + [t for _, _, t in rows_all], dtype=torch.int32).cumsum(0)
-    step_starts = step_starts.to(torch.int32)
+    step_starts = torch.tensor([0] + [t for _, _, t in rows_all]).cumsum(0).to(torch.int32)
 
     def count_with(record, dev):
         return AcceptedCount(
@@ -83,9 +87,7 @@ def step(device, impl, before, decodes, prefills, given=None):
         rows = StepRows(table.to(device), starts.to(device), torch.tensor(given).to(device))
     reference_before = before.cpu().clone()
     expected = buffers("cpu")
-    reference_rows = StepRows(*(t.cpu() if t is not None else t for t in (
-        rows.slot_table, rows.query_start, rows.num_accepted)))  # fmt: skip
-    speculative_rows_reference(reference_rows, expected, count_with(reference_before, "cpu"))
+    speculative_rows_reference(on_cpu(rows), expected, count_with(reference_before, "cpu"))
     got = run(IMPLEMENTATIONS[impl], rows, count_with(before, device), device)
     assert_same(got, expected)
     assert before.cpu().tolist() == reference_before.tolist()
