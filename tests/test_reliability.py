@@ -38,6 +38,18 @@ def random_requests(rng: random.Random, n: int, max_prompt: int, max_new: int) -
     ]
 
 
+async def sse_lines(resp: httpx.Response):
+    """The event stream's lines, split at line ends only: httpx's aiter_lines also splits at
+    U+0085, U+2028 and the like, which a generated text may hold unescaped in its JSON."""
+    buffer = b""
+    async for chunk in resp.aiter_bytes():
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode()
+    if buffer:
+        yield buffer.rstrip(b"\r").decode()
+
+
 async def stream_completion(
     client: httpx.AsyncClient,
     url: str,
@@ -67,7 +79,7 @@ async def stream_completion(
     finish = None
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
         resp.raise_for_status()
-        async for line in resp.aiter_lines():
+        async for line in sse_lines(resp):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             choice = json.loads(line[len("data: ") :])["choices"][0]
