@@ -42,8 +42,11 @@ from e2e import PROMPT_LEN, RESULTS, build_llm, device_tag, random_prompts, run_
 # First match wins; names are CUDA kernel names (or aten op names on CPU).
 CATEGORIES = [
     ("Mamba decode tail (fused: conv, state update, norm)", r"mamba2_decode"),
-    ("Mamba state update", r"selective_state_update|selective_scan_update"),
-    ("Mamba conv", r"causal_conv1d"),
+    (
+        "Mamba state update",
+        r"selective_state_update|selective_scan_update|speculative_state_update",
+    ),
+    ("Mamba conv", r"causal_conv1d|speculative_conv"),
     (
         "Mamba chunked scan (prefill)",
         r"chunk_scan|chunk_state|chunk_cumsum|bmm_chunk|state_passing",
