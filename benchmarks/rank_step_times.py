@@ -4,7 +4,10 @@ Nemotron-H against the plugin, each in its own process, engines alternating over
 In every worker (vLLM's collective_rpc) the model runner's execute_model is wrapped for one
 generate(max_tokens=1 + --decode-steps) of --batch prompts: per call, the host clock
 (CLOCK_MONOTONIC, one clock for every process of the host) at entry and at return, and on a
-GPU the device time between CUDA events recorded at entry and at return. The ranks run the
+GPU the device time between CUDA events recorded at entry and at return, and the step's
+scheduled tokens and the CUDA-graph mode vLLM's dispatcher chose for its forward (FULL: one
+graph, the host builds metadata and launches it; PIECEWISE: the attention and Mamba ops run
+eagerly between graphs; NONE: eager), which the summaries split by. The ranks run the
 same steps in the same order, so step i of every rank is one engine step: a rank's lateness
 is its entry less the earliest rank's; the step's interval is one entry to the next. A rank
 that enters late makes the others wait in the step's all-reduces (their device time grows),
@@ -40,9 +43,12 @@ def start_timer(worker) -> None:
     original = runner.execute_model
     records: list = []
     cuda = torch.cuda.is_available()
+    modes = dispatched_modes(runner)
 
     def timed(*args, **kwargs):
         enter = time.monotonic_ns()
+        tokens = getattr(args[0], "total_num_scheduled_tokens", None) if args else None
+        first_mode = len(modes)
         start = torch.cuda.Event(enable_timing=True) if cuda else None
         if start is not None:
             start.record()
@@ -52,14 +58,34 @@ def start_timer(worker) -> None:
             end = torch.cuda.Event(enable_timing=True) if cuda else None
             if end is not None:
                 end.record()
-            records.append((enter, time.monotonic_ns(), start, end))
+            mode = modes[-1] if len(modes) > first_mode else None
+            records.append((enter, time.monotonic_ns(), start, end, tokens, mode))
 
     runner.execute_model = timed
     worker.nemotron_h_step_times = records, original
 
 
-def stop_timer(worker) -> list[tuple[int, int, float | None]]:
-    """In each worker: restores execute_model; per call (entry ns, return ns, device us)."""
+def dispatched_modes(runner) -> list[str]:
+    """The CUDA-graph modes the runner's dispatcher returns from now on, in order (its
+    dispatch wrapped; an empty list that stays so where the runner has no dispatcher)."""
+    modes: list[str] = []
+    dispatcher = getattr(runner, "cudagraph_dispatcher", None)
+    if dispatcher is None:
+        return modes
+    original = dispatcher.dispatch
+
+    def dispatch(*args, **kwargs):
+        result = original(*args, **kwargs)
+        modes.append(getattr(result[0], "name", str(result[0])))
+        return result
+
+    dispatcher.dispatch = dispatch
+    return modes
+
+
+def stop_timer(worker) -> list[tuple]:
+    """In each worker: restores execute_model; per call (entry ns, return ns, device us,
+    scheduled tokens, CUDA-graph mode)."""
     import torch
 
     records, original = worker.nemotron_h_step_times
@@ -67,8 +93,8 @@ def stop_timer(worker) -> list[tuple[int, int, float | None]]:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return [
-        (enter, leave, None if start is None else 1e3 * start.elapsed_time(end))
-        for enter, leave, start, end in records
+        (enter, leave, None if start is None else 1e3 * start.elapsed_time(end), tokens, mode)
+        for enter, leave, start, end, tokens, mode in records
     ]
 
 
@@ -92,10 +118,11 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int, tp: int) 
     )
 
 
-def summary(ranks: list[list[tuple[int, int, float | None]]]) -> dict:
+def summary(ranks: list[list[tuple]]) -> dict:
     """Per rank, over the decode steps (every call but the first): median and 90th-percentile
-    lateness, the share of steps it entered last, median host and device time per call; and
-    the median step interval (rank 0's entries)."""
+    lateness, the share of steps it entered last, median host and device time per call, and
+    per CUDA-graph mode the steps and their medians; and the median step interval (rank 0's
+    entries)."""
     steps = min(len(r) for r in ranks)
     enters = [[r[i][0] for r in ranks] for i in range(1, steps)]
     late = [[(e - min(step)) / 1e3 for e in step] for step in enters]
@@ -104,18 +131,28 @@ def summary(ranks: list[list[tuple[int, int, float | None]]]) -> dict:
     def med(values: list[float]) -> float:
         return round(statistics.median(values), 1)
 
+    def times(calls: list[tuple]) -> dict:
+        device = [c[2] for c in calls if c[2] is not None]
+        return dict(
+            host_us_median=med([(c[1] - c[0]) / 1e3 for c in calls]),
+            device_us_median=med(device) if device else None,
+        )
+
     per_rank = []
     for rank, calls in enumerate(ranks):
         decode = calls[1:steps]
         lateness = sorted(step[rank] for step in late)
-        device = [d for _, _, d in decode if d is not None]
+        by_mode = {}
+        for mode in sorted({str(c[4]) for c in decode}):
+            of_mode = [c for c in decode if str(c[4]) == mode]
+            by_mode[mode] = dict(steps=len(of_mode), **times(of_mode))
         per_rank.append(
             dict(
                 late_us_median=med(lateness),
                 late_us_p90=round(lateness[int(0.9 * (len(lateness) - 1))], 1),
                 last_share=round(last.count(rank) / len(last), 3),
-                host_us_median=med([(leave - enter) / 1e3 for enter, leave, _ in decode]),
-                device_us_median=med(device) if device else None,
+                **times(decode),
+                by_mode=by_mode,
             )
         )
     rank0 = [calls[0] for calls in ranks[0][1:steps]]
@@ -133,6 +170,11 @@ def print_table(res: dict[str, dict]) -> None:
         s = r["summary"]
         for rank, row in enumerate(s["ranks"]):
             print(f"{name:18}{rank:>5}" + "".join(f"{str(row[c]):>18}" for c in cols))
+            for mode, m in row["by_mode"].items():
+                print(
+                    f"{'':18}{'':>5}  {mode:>9}: {m['steps']} steps, host {m['host_us_median']}"
+                    f" us, device {m['device_us_median']} us"
+                )
         print(f"{'':18}step interval (median) {s['step_interval_us_median']} us")
 
 
