@@ -7,7 +7,10 @@ generate(max_tokens=1 + --decode-steps) of --batch prompts: per call, the host c
 GPU the device time between CUDA events recorded at entry and at return, and the step's
 scheduled tokens and the CUDA-graph mode vLLM's dispatcher chose for its forward (FULL: one
 graph, the host builds metadata and launches it; PIECEWISE: the attention and Mamba ops run
-eagerly between graphs; NONE: eager), which the summaries split by. The ranks run the
+eagerly between graphs; NONE: eager), which the summaries split by, and the host time of
+the runner's phases in the step (RUNNER_PHASES: input preparation, metadata building, the
+forward's launch...) and of each attention metadata builder class's builds (the plugin's
+Mamba builder against vLLM's): where one implementation's host time goes. The ranks run the
 same steps in the same order, so step i of every rank is one engine step: a rank's lateness
 is its entry less the earliest rank's; the step's interval is one entry to the next. A rank
 that enters late makes the others wait in the step's all-reduces (their device time grows),
@@ -34,67 +37,108 @@ from pathlib import Path
 # benchmarks/ is this script's directory
 from e2e import RESULTS, build_llm, device_tag, random_prompts, run_impl
 
+# Runner methods timed inside each step where the installed vLLM has them, and every attention
+# metadata builder's build: where a step's host time goes, without the profiler.
+RUNNER_PHASES = (
+    "_update_states",
+    "_prepare_inputs",
+    "_determine_batch_execution_and_padding",
+    "_get_slot_mappings",
+    "_build_attention_metadata",
+    "_preprocess",
+    "_model_forward",
+)
+
 
 def start_timer(worker) -> None:
-    """In each worker: wraps its model runner's execute_model to record each call."""
+    """In each worker: wraps its model runner's execute_model to record each call, the
+    dispatcher's choice of CUDA-graph mode, and the host time of the runner's phases and of
+    each metadata builder class within the call."""
     import torch
 
     runner = worker.model_runner
-    original = runner.execute_model
     records: list = []
+    restores: list = []
     cuda = torch.cuda.is_available()
-    modes = dispatched_modes(runner)
-
-    def timed(*args, **kwargs):
-        enter = time.monotonic_ns()
-        tokens = getattr(args[0], "total_num_scheduled_tokens", None) if args else None
-        first_mode = len(modes)
-        start = torch.cuda.Event(enable_timing=True) if cuda else None
-        if start is not None:
-            start.record()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            end = torch.cuda.Event(enable_timing=True) if cuda else None
-            if end is not None:
-                end.record()
-            mode = modes[-1] if len(modes) > first_mode else None
-            records.append((enter, time.monotonic_ns(), start, end, tokens, mode))
-
-    runner.execute_model = timed
-    worker.nemotron_h_step_times = records, original
-
-
-def dispatched_modes(runner) -> list[str]:
-    """The CUDA-graph modes the runner's dispatcher returns from now on, in order (its
-    dispatch wrapped; an empty list that stays so where the runner has no dispatcher)."""
     modes: list[str] = []
-    dispatcher = getattr(runner, "cudagraph_dispatcher", None)
-    if dispatcher is None:
-        return modes
-    original = dispatcher.dispatch
+    phases: dict[str, float] = {}
 
-    def dispatch(*args, **kwargs):
-        result = original(*args, **kwargs)
-        modes.append(getattr(result[0], "name", str(result[0])))
-        return result
+    def wrap(owner, name: str, make):
+        original = getattr(owner, name)
+        setattr(owner, name, make(original))
+        restores.append(lambda: delattr(owner, name))
 
-    dispatcher.dispatch = dispatch
-    return modes
+    def timing(key: str):
+        def make(original):
+            def timed_phase(*args, **kwargs):
+                t = time.perf_counter_ns()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    phases[key] = phases.get(key, 0.0) + (time.perf_counter_ns() - t) / 1e3
+
+            return timed_phase
+
+        return make
+
+    for name in RUNNER_PHASES:
+        if hasattr(runner, name):
+            wrap(runner, name, timing(name))
+    wrap(runner.model, "compute_logits", timing("compute_logits"))
+    for groups in getattr(runner, "attn_groups", []):
+        for group in groups:
+            for builder in getattr(group, "metadata_builders", []):
+                wrap(builder, "build", timing(f"build {type(builder).__name__}"))
+
+    def recording_mode(original):
+        def dispatch(*args, **kwargs):
+            result = original(*args, **kwargs)
+            modes.append(getattr(result[0], "name", str(result[0])))
+            return result
+
+        return dispatch
+
+    if getattr(runner, "cudagraph_dispatcher", None) is not None:
+        wrap(runner.cudagraph_dispatcher, "dispatch", recording_mode)
+
+    def recording_step(original):
+        def timed(*args, **kwargs):
+            enter = time.monotonic_ns()
+            tokens = getattr(args[0], "total_num_scheduled_tokens", None) if args else None
+            first_mode = len(modes)
+            phases.clear()
+            start = torch.cuda.Event(enable_timing=True) if cuda else None
+            if start is not None:
+                start.record()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                end = torch.cuda.Event(enable_timing=True) if cuda else None
+                if end is not None:
+                    end.record()
+                mode = modes[-1] if len(modes) > first_mode else None
+                step_phases = {k: round(v, 1) for k, v in phases.items()}
+                records.append((enter, time.monotonic_ns(), start, end, tokens, mode, step_phases))
+
+        return timed
+
+    wrap(runner, "execute_model", recording_step)
+    worker.nemotron_h_step_times = records, restores
 
 
 def stop_timer(worker) -> list[tuple]:
-    """In each worker: restores execute_model; per call (entry ns, return ns, device us,
-    scheduled tokens, CUDA-graph mode)."""
+    """In each worker: restores what start_timer wrapped; per call (entry ns, return ns,
+    device us, scheduled tokens, CUDA-graph mode, host us by phase)."""
     import torch
 
-    records, original = worker.nemotron_h_step_times
-    worker.model_runner.execute_model = original
+    records, restores = worker.nemotron_h_step_times
+    for restore in reversed(restores):
+        restore()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return [
-        (enter, leave, None if start is None else 1e3 * start.elapsed_time(end), tokens, mode)
-        for enter, leave, start, end, tokens, mode in records
+        (enter, leave, None if start is None else 1e3 * start.elapsed_time(end), *rest)
+        for enter, leave, start, end, *rest in records
     ]
 
 
@@ -145,7 +189,15 @@ def summary(ranks: list[list[tuple]]) -> dict:
         by_mode = {}
         for mode in sorted({str(c[4]) for c in decode}):
             of_mode = [c for c in decode if str(c[4]) == mode]
-            by_mode[mode] = dict(steps=len(of_mode), **times(of_mode))
+            names = sorted({name for c in of_mode for name in c[5]})
+            host_by_phase = {name: med([c[5].get(name, 0.0) for c in of_mode]) for name in names}
+            # the step's host time outside the timed phases (builds lie inside one of them)
+            host_by_phase["other"] = med(
+                [(c[1] - c[0]) / 1e3 - outer_phases_us(c[5]) for c in of_mode]
+            )
+            by_mode[mode] = dict(
+                steps=len(of_mode), **times(of_mode), host_us_by_phase=host_by_phase
+            )
         per_rank.append(
             dict(
                 late_us_median=med(lateness),
@@ -163,6 +215,12 @@ def summary(ranks: list[list[tuple]]) -> dict:
     )
 
 
+def outer_phases_us(phases: dict[str, float]) -> float:
+    """The host us of a step's phases that do not nest in one another (builds nest in
+    _build_attention_metadata)."""
+    return sum(us for name, us in phases.items() if not name.startswith("build "))
+
+
 def print_table(res: dict[str, dict]) -> None:
     cols = ("late_us_median", "late_us_p90", "last_share", "host_us_median", "device_us_median")
     print(f"\n{'impl / round':18}{'rank':>5}" + "".join(f"{c:>18}" for c in cols))
@@ -175,6 +233,8 @@ def print_table(res: dict[str, dict]) -> None:
                     f"{'':18}{'':>5}  {mode:>9}: {m['steps']} steps, host {m['host_us_median']}"
                     f" us, device {m['device_us_median']} us"
                 )
+                for phase, us in m["host_us_by_phase"].items():
+                    print(f"{'':36}{phase:54}{us:>10} us")
         print(f"{'':18}step interval (median) {s['step_interval_us_median']} us")
 
 
