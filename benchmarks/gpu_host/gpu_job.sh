@@ -28,9 +28,9 @@
 #               the layout-8b preset (the 8B's layers at tiny widths: a step is host time)
 #   e2e-ngram-8b the 8B with fp32 state and ngram (3 drafts) at B=1 and 32, 2 rounds, then the
 #               host profile of one such step at B=1 (both implementations)
-#   steps-ngram-8b the host time of ops/speculative_rows against its PyTorch ops, then per engine
-#               step (no profiler) the host and device time of the 8B's ngram steps at B=1 and
-#               32 (rank_step_times.py at TP=1), then the host profile of a B=32 step
+#   steps-ngram-8b per engine step (no profiler) the host and device time of the 8B's ngram steps
+#               at B=1 and 32 by CUDA-graph mode, with the host time of the runner's phases and
+#               of each metadata builder (rank_step_times.py at TP=1, ~3.5 min a batch)
 set -u
 out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
@@ -96,15 +96,11 @@ for s in "$@"; do
       step profile-ngram-8b python3 benchmarks/step_profile.py --model nemotron-h-8b \
         --state-dtype float32-ngram3 --batches 1 --host --output-dir "$out" ;;
     steps-ngram-8b)
-      step rows-op python3 benchmarks/kernels/speculative_rows.py \
-        --output "$out/kernels-speculative_rows-$gpu.json"
       for b in 1 32; do
         step "rank-times-ngram-8b-b$b" python3 benchmarks/rank_step_times.py \
           --model nemotron-h-8b --state-dtype float32-ngram3 --batch "$b" \
-          --tensor-parallel-size 1 --rounds 1 --decode-steps 64 --output-dir "$out"
-      done
-      step profile-ngram-8b-b32 python3 benchmarks/step_profile.py --model nemotron-h-8b \
-        --state-dtype float32-ngram3 --batches 32 --host --output-dir "$out" ;;
+          --tensor-parallel-size 1 --rounds 1 --decode-steps 96 --output-dir "$out"
+      done ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done

@@ -12,7 +12,7 @@
 #   e2e-8b-b1 (its B=1 row alone), e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
 #   engine: each rank's kernels per decode step, both implementations), host-8b-b1 (the
 #   8B at B=1 with every rank's host time by op), rank-times-8b-b1 (rank_step_times.py: when
-#   each rank enters each B=1 step, no profiler, ROUNDS engines each); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
+#   each rank enters each B=1 step and its host time by runner phase, no profiler, ROUNDS engines each); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
 #   in the environment: the e2e rows from N engines per implementation, alternating.
 #   Every engine's log of the tests goes to LOG_DIR/engines.
 set -u
