@@ -15,7 +15,8 @@ same steps in the same order, so step i of every rank is one engine step: a rank
 is its entry less the earliest rank's; the step's interval is one entry to the next. A rank
 that enters late makes the others wait in the step's all-reduces (their device time grows),
 which is what a profile's all-reduce kernels show without saying which rank or why. The
-first call (the prefill) is left out of the summaries.
+first call (the prefill) is summarised apart (its host time by phase: a lone prompt's time
+to first token), the others as decode steps.
 
     python benchmarks/rank_step_times.py --model nemotron-h-8b --tensor-parallel-size 4
     VLLM_CPU_OMP_THREADS_BIND="0|1" python benchmarks/rank_step_times.py --model dense \\
@@ -182,29 +183,26 @@ def summary(ranks: list[list[tuple]]) -> dict:
             device_us_median=med(device) if device else None,
         )
 
+    def by_phase(calls: list[tuple]) -> dict:
+        names = sorted({name for c in calls for name in c[5]})
+        host = {name: med([c[5].get(name, 0.0) for c in calls]) for name in names}
+        # the step's host time outside the timed phases (builds lie inside one of them)
+        host["other"] = med([(c[1] - c[0]) / 1e3 - outer_phases_us(c[5]) for c in calls])
+        return dict(steps=len(calls), **times(calls), host_us_by_phase=host)
+
     per_rank = []
     for rank, calls in enumerate(ranks):
         decode = calls[1:steps]
         lateness = sorted(step[rank] for step in late)
-        by_mode = {}
-        for mode in sorted({str(c[4]) for c in decode}):
-            of_mode = [c for c in decode if str(c[4]) == mode]
-            names = sorted({name for c in of_mode for name in c[5]})
-            host_by_phase = {name: med([c[5].get(name, 0.0) for c in of_mode]) for name in names}
-            # the step's host time outside the timed phases (builds lie inside one of them)
-            host_by_phase["other"] = med(
-                [(c[1] - c[0]) / 1e3 - outer_phases_us(c[5]) for c in of_mode]
-            )
-            by_mode[mode] = dict(
-                steps=len(of_mode), **times(of_mode), host_us_by_phase=host_by_phase
-            )
+        modes = sorted({str(c[4]) for c in decode})
         per_rank.append(
             dict(
                 late_us_median=med(lateness),
                 late_us_p90=round(lateness[int(0.9 * (len(lateness) - 1))], 1),
                 last_share=round(last.count(rank) / len(last), 3),
                 **times(decode),
-                by_mode=by_mode,
+                by_mode={m: by_phase([c for c in decode if str(c[4]) == m]) for m in modes},
+                prefill=by_phase(calls[:1]),
             )
         )
     rank0 = [calls[0] for calls in ranks[0][1:steps]]
@@ -228,9 +226,10 @@ def print_table(res: dict[str, dict]) -> None:
         s = r["summary"]
         for rank, row in enumerate(s["ranks"]):
             print(f"{name:18}{rank:>5}" + "".join(f"{str(row[c]):>18}" for c in cols))
-            for mode, m in row["by_mode"].items():
+            groups = {"prefill": row["prefill"], **row["by_mode"]}
+            for label, m in groups.items():
                 print(
-                    f"{'':18}{'':>5}  {mode:>9}: {m['steps']} steps, host {m['host_us_median']}"
+                    f"{'':18}{'':>5}  {label:>9}: {m['steps']} steps, host {m['host_us_median']}"
                     f" us, device {m['device_us_median']} us"
                 )
                 for phase, us in m["host_us_by_phase"].items():
