@@ -31,6 +31,9 @@
 #   steps-ngram-8b per engine step (no profiler) the host and device time of the 8B's ngram steps
 #               at B=1 and 32 by CUDA-graph mode, with the host time of the runner's phases and
 #               of each metadata builder (rank_step_times.py at TP=1, ~3.5 min a batch)
+#   steps-ttft-M a lone 128-token prompt's prefill step and the decode steps after it, model M
+#               (8b or 9b, bf16 state, B=1), host time by runner phase, 2 engines each
+#               alternating (rank_step_times.py: where the time to first token goes)
 set -u
 out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
@@ -101,6 +104,11 @@ for s in "$@"; do
           --model nemotron-h-8b --state-dtype float32-ngram3 --batch "$b" \
           --tensor-parallel-size 1 --rounds 1 --decode-steps 96 --output-dir "$out"
       done ;;
+    steps-ttft-8b|steps-ttft-9b)
+      model=$([ "$s" = steps-ttft-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      step "$s" python3 benchmarks/rank_step_times.py --model "$model" \
+        --state-dtype bfloat16 --batch 1 --tensor-parallel-size 1 --rounds 2 \
+        --decode-steps 16 --output-dir "$out" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
