@@ -88,9 +88,16 @@ def margins_of(output) -> list[float]:
     """Per generated token: its logprob less the best other candidate's (logprobs=2)."""
     completion = output.outputs[0]
     return [
-        lp[t].logprob - max((v.logprob for k, v in lp.items() if k != t), default=float("-inf"))
+        lead_over_runner_up(t, {k: v.logprob for k, v in lp.items()})
         for t, lp in zip(completion.token_ids, completion.logprobs)
     ]
+
+
+def lead_over_runner_up(chosen, logprobs: dict) -> float:
+    """How far the ``chosen`` candidate's logprob lies above the best other's in
+    ``logprobs`` (candidate -> logprob), in nats; inf where it is the only one."""
+    others = [v for k, v in logprobs.items() if k != chosen]
+    return logprobs[chosen] - max(others, default=float("-inf"))
 
 
 def profile_decode(llm, prompt, params) -> list[list]:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import requests
 
+from tests.engine_runner import lead_over_runner_up
 from tests.engines import TINY_ENGINE, run_engine
 from tests.reliability_report import device_name
 from tests.server import server_metrics
@@ -88,8 +89,7 @@ async def stream_completion(
             if margins and choice.get("logprobs"):
                 logprobs = choice["logprobs"]
                 for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"]):
-                    others = [v for k, v in top.items() if k != token]
-                    leads.append(top[token] - max(others, default=float("-inf")))
+                    leads.append(lead_over_runner_up(token, top))
             finish = choice.get("finish_reason") or finish
             if disconnect_after and len(tokens) >= disconnect_after:
                 break  # leaving the block closes the connection mid-stream

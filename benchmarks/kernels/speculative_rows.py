@@ -3,8 +3,8 @@ launch against the same in PyTorch ops (its CPU path run on the device's tensors
 builder's ops before the op existed), at several row counts, with vLLM's accepted counts
 given and with the builder counting (vLLM 0.26 in steps without drafts records or counts in
 every step). Host time is what matters: under speculative decoding every Mamba cache group
-builds its metadata every step (8 groups on the 8B) on the host's critical path, the mixers
-run eagerly, and the device work is a few microseconds. Median of --runs loops of --calls
+builds its metadata every step (8 groups on the 8B) on the host before the step's forward,
+and the device work is a few microseconds. Median of --runs loops of --calls
 calls, the device synchronized at each loop's end (per call that is the host's time).
 
     python benchmarks/kernels/speculative_rows.py [--rows 1,32,128] [--drafts 3]

@@ -19,9 +19,11 @@ records its own: a decode row its tokens computed before this step, a prefill ro
 next step counts one). The record is made in steps with counts given too, and in steps of
 prefills alone (n = 0). Sequences own distinct slots.
 
-Why a kernel: the same in PyTorch is ~15 small launches per Mamba cache group and step, on
-the host's critical path (the mixers run eagerly under speculative decoding) and repeated
-in every group (8 on Nemotron-H 8B).
+Why a kernel: the builder's work runs on the host before every step's forward, in every
+Mamba cache group (8 on Nemotron-H 8B). Where the builder counts (vLLM 0.26's steps without
+drafts) the same in PyTorch is ~15 small launches a group, several times the host time of
+the one launch; where vLLM gives the counts the launch costs about what the three copies it
+replaces did (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
