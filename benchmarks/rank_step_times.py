@@ -65,9 +65,11 @@ def start_timer(worker) -> None:
     phases: dict[str, float] = {}
 
     def wrap(owner, name: str, make):
+        # restored as found: the instance's own attribute put back, or the class's uncovered
+        own = name in vars(owner)
         original = getattr(owner, name)
         setattr(owner, name, make(original))
-        restores.append(lambda: delattr(owner, name))
+        restores.append(lambda: setattr(owner, name, original) if own else delattr(owner, name))
 
     def timing(key: str):
         def make(original):
