@@ -53,13 +53,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from vllm_nemotron_h.testing import device_tag
+
 RESULTS = Path(__file__).parent / "results"
 PROMPT_LEN, NEW_TOKENS = 128, 256
-
-
-def device_tag(device: str) -> str:
-    """A results file's device suffix from the device's name: "h100", "h200", "cpu"."""
-    return "h100" if "H100" in device else device.split()[-1].lower()
 
 
 def speculation_of(state_dtype: str) -> tuple[str, str | None, int]:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import triton
 
+from vllm_nemotron_h import testing
 from vllm_nemotron_h.ops import launch_config
 from vllm_nemotron_h.testing.op_inputs import Draw, MambaShape
 
@@ -82,8 +83,8 @@ def draw() -> Draw:
 
 
 def device_tag() -> str:
-    gpu = torch.cuda.get_device_name()
-    return "h100" if "H100" in gpu else gpu.replace(" ", "_").lower()
+    """This GPU's results-file suffix ("h100", "h200"), as the end-to-end benchmarks name it."""
+    return testing.device_tag(torch.cuda.get_device_name())
 
 
 def dtype_name(dtype: torch.dtype) -> str:
