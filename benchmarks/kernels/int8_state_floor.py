@@ -4,12 +4,14 @@ A probe kernel moves exactly the bytes of one int8 state update (each (head, row
 int8 values read and written back, its fp32 scale read and written in the separate scale
 tensor, and x, z, dt, B, C read and y written per row) with the shipped kernel's tiling
 (programs of 16 rows of one sequence and head, one warp), and computes nothing but a sum
-that keeps the loads alive. Its time is the floor of any int8 update in this format: where
-it sits above a target, no arithmetic can bring the update below it. The probe runs also
-without the scale tensor's accesses and without the activations (the rows' x, z, y), to
-show which part of the traffic holds it above a plain copy of the same bytes. Every column
-counts all of the update's bytes (``selective_state_update.nbytes``) against the copy
-roofline, so a probe that skips a part can exceed 100 %.
+that keeps the loads alive. Its time is the floor of an int8 update that moves these bytes
+in this layout (the same probe in programs of 1-4 tiles of 16 rows on 1-2 warps ran no
+faster: results/experiment-int8-ssu-variants-h100.json): where it sits above a target, no
+arithmetic can bring the update below it. The probe runs also without the scale tensor's
+accesses and without the activations (the rows' x, z, y), to show which part of the traffic
+holds it above a plain copy of the same bytes. Every column counts all of the update's bytes
+(``selective_state_update.nbytes``) against the copy roofline, so a probe that skips a part
+can exceed 100 %.
 
     python benchmarks/kernels/int8_state_floor.py [--models M,..] [--batches 32,128]
 
@@ -18,6 +20,8 @@ shipped int8 update (the device's launch table), ``probe_*_us`` the probe's vari
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import harness
 import torch
@@ -71,7 +75,7 @@ def _probe_kernel(
         tl.store(out_ptr + b * o_b + h * o_h + p, y.to(out_ptr.dtype.element_ty))
 
 
-def probe(t: dict, scales: bool, activations: bool):
+def probe(t: dict, scales: bool, activations: bool) -> Callable[[], object]:
     """The probe's launch over an int8 update's inputs (``inputs(..., torch.int8)``); the
     activations' last dimension is contiguous in the engine's layout, as the probe assumes."""
     state, scale, x, z, out, B, C, dt = (
