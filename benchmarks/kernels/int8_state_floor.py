@@ -54,8 +54,8 @@ def _probe_kernel(
     tile_ok = live[:, None] & (cols < d_state)[None, :]
     tile = state_ptr + slot * s_slot + h * s_head + p[:, None] * s_dim + cols[None, :]
     scales = scale_ptr + slot * sc_slot + h * sc_head + p
-    # Every load before any store, as the shipped kernel issues them: a load after a store
-    # of another tensor waits for it (the compiler cannot rule out aliasing).
+    # Every load before any store, as the shipped kernel issues them: the compiler keeps a
+    # load after a store to another tensor (they may alias), and the store waits for its data.
     q = tl.load(tile, mask=tile_ok, other=0)
     if SCALES:
         row_scale = tl.load(scales, mask=live, other=0.0)
