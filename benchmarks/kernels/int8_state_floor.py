@@ -11,7 +11,9 @@ arithmetic can bring the update below it. The probe runs also without the scale 
 accesses and without the activations (the rows' x, z, y), to show which part of the traffic
 holds it above a plain copy of the same bytes. Every column counts all of the update's bytes
 (``selective_state_update.nbytes``) against the copy roofline, so a probe that skips a part
-can exceed 100 %.
+can exceed 100 %. One more variant keeps each tile's scales right after its rows in one
+allocation (a layout the format does not have): what moving the scales into the state's
+rows could give.
 
     python benchmarks/kernels/int8_state_floor.py [--models M,..] [--batches 32,128]
 
@@ -41,7 +43,7 @@ def _probe_kernel(
     s_slot, s_head, s_dim, sc_slot, sc_head, x_b, x_h, z_b, z_h, o_b, o_h, B_b, B_g, C_b,
     C_g, dt_b,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SCALES: tl.constexpr, ACTIVATIONS: tl.constexpr,
+    SCALES: tl.constexpr, ACTIVATIONS: tl.constexpr, SCALES_IN_TILE: tl.constexpr,
 ):  # fmt: skip
     first_row = tl.program_id(0) * BLOCK_M
     b = tl.program_id(1).to(tl.int64)
@@ -54,6 +56,11 @@ def _probe_kernel(
     tile_ok = live[:, None] & (cols < d_state)[None, :]
     tile = state_ptr + slot * s_slot + h * s_head + p[:, None] * s_dim + cols[None, :]
     scales = scale_ptr + slot * sc_slot + h * sc_head + p
+    if SCALES_IN_TILE:  # a layout the format does not have: each tile's scales after its rows
+        rows = tl.arange(0, BLOCK_M)
+        tile_base = state_ptr + slot * s_slot + (first_row // BLOCK_M) * (BLOCK_M * (BLOCK_N + 4))
+        tile = tile_base + rows[:, None] * BLOCK_N + cols[None, :]
+        scales = (tile_base + BLOCK_M * BLOCK_N).to(tl.pointer_type(tl.float32)) + rows
     # Every load before any store, as the shipped kernel issues them: the compiler keeps a
     # load after a store to another tensor (they may alias), and the store waits for its data.
     q = tl.load(tile, mask=tile_ok, other=0)
@@ -75,14 +82,23 @@ def _probe_kernel(
         tl.store(out_ptr + b * o_b + h * o_h + p, y.to(out_ptr.dtype.element_ty))
 
 
-def probe(t: dict, scales: bool, activations: bool) -> Callable[[], object]:
+def probe(
+    t: dict, scales: bool, activations: bool, scales_in_tile: bool = False
+) -> Callable[[], object]:
     """The probe's launch over an int8 update's inputs (``inputs(..., torch.int8)``); the
-    activations' last dimension is contiguous in the engine's layout, as the probe assumes."""
+    activations' last dimension is contiguous in the engine's layout, as the probe assumes.
+    ``scales_in_tile``: the state and scales in one allocation instead, each tile of
+    PROBE_ROWS rows (d_state a power of two) followed by its rows' fp32 scales."""
     state, scale, x, z, out, B, C, dt = (
         t["state"], t["state_scale"], t["x"], t["z"], t["out"], t["B"], t["C"], t["dt"]
     )  # fmt: skip
     batch, nheads, head_dim = x.shape
     d_state = state.shape[-1]
+    if scales_in_tile:
+        tiles = nheads * head_dim // PROBE_ROWS
+        state = torch.zeros(
+            state.shape[0], tiles, PROBE_ROWS * (d_state + 4), dtype=torch.int8, device=x.device
+        )
     grid = (nheads * head_dim // PROBE_ROWS, batch)
     return lambda: _probe_kernel[grid](
         state, scale, t["state_slots"], x, z, out, B, C, dt,
@@ -90,15 +106,16 @@ def probe(t: dict, scales: bool, activations: bool) -> Callable[[], object]:
         *state.stride()[:3], *scale.stride()[:2], *x.stride()[:2], *z.stride()[:2],
         *out.stride()[:2], *B.stride()[:2], C.stride(0), C.stride(1), dt.stride(0),
         HEAD_DIM=head_dim, BLOCK_M=PROBE_ROWS, BLOCK_N=triton.next_power_of_2(d_state),
-        SCALES=scales, ACTIVATIONS=activations, num_warps=1,
+        SCALES=scales, ACTIVATIONS=activations, SCALES_IN_TILE=scales_in_tile, num_warps=1,
     )  # fmt: skip
 
 
-VARIANTS = {
-    "probe_us": (True, True),
-    "probe_no_scales_us": (False, True),
-    "probe_no_activations_us": (True, False),
-    "probe_state_only_us": (False, False),
+VARIANTS = {  # (scales, activations, scales in the tile)
+    "probe_us": (True, True, False),
+    "probe_no_scales_us": (False, True, False),
+    "probe_no_activations_us": (True, False, False),
+    "probe_state_only_us": (False, False, False),
+    "probe_scales_in_tile_us": (True, True, True),
 }
 
 
@@ -108,10 +125,8 @@ def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: 
     for batch in batches:
         nb = nbytes(shape, batch, int8, True)
         extra = {}
-        for name, (scales, activations) in VARIANTS.items():
-            us = harness.time_rotating(
-                lambda: probe(inputs(shape, batch, int8), scales, activations), nb
-            )
+        for name, variant in VARIANTS.items():
+            us = harness.time_rotating(lambda: probe(inputs(shape, batch, int8), *variant), nb)
             extra[name] = round(us, 3)
             extra[name.replace("_us", "_roofline")] = round(nb / (us * 1e-6) / bench.roof, 4)
         shipped = harness.time_rotating(lambda: ours(inputs(shape, batch, int8)), nb)
