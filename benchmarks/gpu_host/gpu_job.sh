@@ -32,8 +32,11 @@
 #               at B=1 and 32 by CUDA-graph mode, with the host time of the runner's phases and
 #               of each metadata builder (rank_step_times.py at TP=1, ~3.5 min a batch)
 #   steps-ttft-M a lone 128-token prompt's prefill step and the decode steps after it, model M
-#               (8b or 9b, bf16 state, B=1), host time by runner phase, 2 engines each
+#               (8b or 9b, bf16 state, B=1), host time by runner phase, 3 engines each
 #               alternating (rank_step_times.py: where the time to first token goes)
+#   ttft-M      model M's time to first token and decode at B=1/32/128 (bf16 state), 3 rounds
+#               of alternating engines (e2e.py), into LOG_DIR/e2e-M-bf16-ttft-rounds3-<gpu>.json
+#   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
 set -u
 out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
@@ -107,8 +110,14 @@ for s in "$@"; do
     steps-ttft-8b|steps-ttft-9b)
       model=$([ "$s" = steps-ttft-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
       step "$s" python3 benchmarks/rank_step_times.py --model "$model" \
-        --state-dtype bfloat16 --batch 1 --tensor-parallel-size 1 --rounds 2 \
-        --decode-steps 16 --output-dir "$out" ;;
+        --state-dtype bfloat16 --batch 1 --tensor-parallel-size 1 --rounds 3 \
+        --decode-steps 8 --output-dir "$out" ;;
+    ttft-8b|ttft-9b)
+      model=$([ "$s" = ttft-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      step "$s" python3 benchmarks/e2e.py --models "$model" --state-dtypes bfloat16 \
+        --batches 1,32,128 --repeats 3 --rounds 3 --output "$out/e2e-${s#ttft-}-bf16-ttft-rounds3-$gpu.json" ;;
+    int8-floor) step int8-floor python3 benchmarks/kernels/int8_state_floor.py \
+      --models nemotron-h-8b,nano-9b-v2 --output "$out/kernels-int8_state_floor-$gpu.json" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
