@@ -37,6 +37,8 @@
 #   ttft-M      model M's time to first token and decode at B=1/32/128 (bf16 state), 3 rounds
 #               of alternating engines (e2e.py), into LOG_DIR/e2e-M-bf16-ttft-rounds3-<gpu>.json
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
+#   deferred-floor a deferred step's bytes moved without arithmetic (deferred_state_floor.py),
+#               int8 / bf16 / fp32 checkpoints
 set -u
 out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
@@ -118,6 +120,8 @@ for s in "$@"; do
         --batches 1,32,128 --repeats 3 --rounds 3 --output "$out/e2e-${s#ttft-}-bf16-ttft-rounds3-$gpu.json" ;;
     int8-floor) step int8-floor python3 benchmarks/kernels/int8_state_floor.py \
       --models nemotron-h-8b,nano-9b-v2 --output "$out/kernels-int8_state_floor-$gpu.json" ;;
+    deferred-floor) step deferred-floor python3 benchmarks/kernels/deferred_state_floor.py \
+      --models nemotron-h-8b,nano-9b-v2 --output "$out/kernels-deferred_state_floor-$gpu.json" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
