@@ -129,7 +129,7 @@ def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: 
                 extra[f"probe_{block_m}x{num_warps}_us"] = round(us, 3)
             floor = min(extra.values())
             extra["probe_us"] = floor
-            extra["probe_roofline"] = round(nb / (floor * 1e-6) / bench.roof, 4)
+            extra["probe_roofline"] = bench.roofline_share(nb, floor)
             shipped = harness.time_rotating(lambda: ours(inputs(shape, batch, sdt)), nb)
             bench.record(
                 "deferred_state_floor", model, harness.dtype_name(sdt), batch, shipped, None,

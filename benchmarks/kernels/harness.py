@@ -100,6 +100,10 @@ class Comparison:
         self.rows: list[dict] = []
         print(f"{torch.cuda.get_device_name()}: copy roofline {self.roof / 1e9:.0f} GB/s")
 
+    def roofline_share(self, nbytes: int, us: float) -> float:
+        """The share of the copy roofline that moving ``nbytes`` in ``us`` reaches."""
+        return round(nbytes / (us * 1e-6) / self.roof, 4)
+
     def record(
         self,
         kernel: str,
@@ -122,12 +126,10 @@ class Comparison:
             batch=batch,
             ours_us=round(ours_us, 3),
             vllm_us=None if vllm_us is None else round(vllm_us, 3),
-            ours_roofline=round(ours_bytes / (ours_us * 1e-6) / self.roof, 4),
-            vllm_roofline=None
-            if vllm_us is None
-            else round(vllm_bytes / (vllm_us * 1e-6) / self.roof, 4),
+            ours_roofline=self.roofline_share(ours_bytes, ours_us),
+            vllm_roofline=None if vllm_us is None else self.roofline_share(vllm_bytes, vllm_us),
             copy_us=round(copy, 3),
-            copy_roofline=round(ours_bytes / (copy * 1e-6) / self.roof, 4),
+            copy_roofline=self.roofline_share(ours_bytes, copy),
             **extra,
         )
         self.rows.append(row)

@@ -54,13 +54,14 @@ def _probe_kernel(
     slot = tl.load(slots_ptr + b)
     live = (p * 0 + slot) != null_slot
     tile_ok = live[:, None] & (cols < d_state)[None, :]
-    tile = state_ptr + slot * s_slot + h * s_head + p[:, None] * s_dim + cols[None, :]
-    scales = scale_ptr + slot * sc_slot + h * sc_head + p
     if SCALES_IN_TILE:  # a layout the format does not have: each tile's scales after its rows
         rows = tl.arange(0, BLOCK_M)
         tile_base = state_ptr + slot * s_slot + (first_row // BLOCK_M) * (BLOCK_M * (BLOCK_N + 4))
         tile = tile_base + rows[:, None] * BLOCK_N + cols[None, :]
         scales = (tile_base + BLOCK_M * BLOCK_N).to(tl.pointer_type(tl.float32)) + rows
+    else:
+        tile = state_ptr + slot * s_slot + h * s_head + p[:, None] * s_dim + cols[None, :]
+        scales = scale_ptr + slot * sc_slot + h * sc_head + p
     # Every load before any store, as the shipped kernel issues them: the compiler keeps a
     # load after a store to another tensor (they may alias), and the store waits for its data.
     q = tl.load(tile, mask=tile_ok, other=0)
@@ -128,7 +129,7 @@ def compare(bench: harness.Comparison, model: str, state_dtypes: list, batches: 
         for name, variant in VARIANTS.items():
             us = harness.time_rotating(lambda: probe(inputs(shape, batch, int8), *variant), nb)
             extra[name] = round(us, 3)
-            extra[name.replace("_us", "_roofline")] = round(nb / (us * 1e-6) / bench.roof, 4)
+            extra[name.replace("_us", "_roofline")] = bench.roofline_share(nb, us)
         shipped = harness.time_rotating(lambda: ours(inputs(shape, batch, int8)), nb)
         bench.record("int8_state_floor", model, "int8", batch, shipped, None, nb, nb, **extra)
 
