@@ -155,6 +155,15 @@ def draft_counts(llm) -> tuple[int, int]:
 MOE_ROUTING_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
 
 
+def check_moe_routing() -> None:
+    """In an engine's process: a routing simulation asked of a vLLM without one fails here,
+    not silently routed by the model's router."""
+    import vllm.envs
+
+    if os.environ.get(MOE_ROUTING_ENV) and MOE_ROUTING_ENV not in vllm.envs.environment_variables:
+        raise RuntimeError(f"--moe-routing: this vLLM has no {MOE_ROUTING_ENV}")
+
+
 def triton_cache_entries() -> set[Path]:
     """Entries of Triton's on-disk caches (its default, $TRITON_CACHE_DIR, and the per-model
     ones vLLM's compile cache points Triton at), one per compiled kernel variant: the set
@@ -199,11 +208,9 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
     import statistics
 
     import torch
-    import vllm.envs
     from vllm import SamplingParams
 
-    if os.environ.get(MOE_ROUTING_ENV) and MOE_ROUTING_ENV not in vllm.envs.environment_variables:
-        raise RuntimeError(f"--moe-routing: this vLLM has no {MOE_ROUTING_ENV}")
+    check_moe_routing()
 
     from vllm_nemotron_h.testing import model_class_name
 

@@ -21,9 +21,12 @@ run several times slower (8B at B=1: ~4 min per implementation).
     python benchmarks/step_profile.py --model nemotron-h-8b --state-dtype bfloat16 --host
     python benchmarks/step_profile.py --model dense --batches 4   # a tiny preset, on CPU too
     python benchmarks/step_profile.py --model nemotron-h-8b --batches 1,128 --tensor-parallel-size 2
+    python benchmarks/step_profile.py --model nano-v3-30b --state-dtype bfloat16 --batches 1,128 \
+        --moe-routing uniform_random   # both routed alike (see e2e.py)
 
 Writes benchmarks/results/ (or --output-dir)
-step-profile-<model>-<state dtype>-b<batch>[-tp<N>]-<device>.json, one per batch, each
+step-profile-<model>-<state dtype>-b<batch>[-tp<N>][-<routing>-routing]-<device>.json, one per
+batch, each
 batch profiled on the same engine (one per implementation).
 """
 
@@ -37,7 +40,16 @@ import time
 from pathlib import Path
 
 # benchmarks/ is this script's directory
-from e2e import PROMPT_LEN, RESULTS, build_llm, device_tag, random_prompts, run_impl
+from e2e import (
+    MOE_ROUTING_ENV,
+    PROMPT_LEN,
+    RESULTS,
+    build_llm,
+    check_moe_routing,
+    device_tag,
+    random_prompts,
+    run_impl,
+)
 
 # First match wins; names are CUDA kernel names (or aten op names on CPU).
 CATEGORIES = [
@@ -53,6 +65,8 @@ CATEGORIES = [
     ),
     ("norms", r"rms_norm|rmsnorm|layer_norm|group_norm"),
     ("attention", r"attention|flash|fmha|attn"),
+    # the experts' kernels and the routing around them (vLLM's fused MoE)
+    ("MoE", r"moe|expert"),
     (
         "GEMM / GEMV",
         r"gemm|gemv|cutlass|xmma|nvjet|matmul|onednn_mm|aten::mm|aten::addmm|splitK",
@@ -144,6 +158,7 @@ def child(
 
     from vllm_nemotron_h.testing import model_class_name
 
+    check_moe_routing()
     cuda = torch.cuda.is_available()
     # TP=1, the "uni" executor: the model runs in this process; else one process per rank
     engine = dict(tensor_parallel_size=tp, distributed_executor_backend="uni" if tp == 1 else "mp")
@@ -273,8 +288,14 @@ def main() -> None:
     ap.add_argument("--impls", default="builtin,plugin")
     ap.add_argument("--host", action="store_true", help="also the host's time by op (slower)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument(
+        "--moe-routing",
+        default=None,
+        help="vLLM's MoE routing simulation for both implementations (as e2e.py's)",
+    )
     ap.add_argument("--output-dir", type=Path, default=RESULTS, help="where the JSONs go")
     args = ap.parse_args()
+    routing = {MOE_ROUTING_ENV: args.moe_routing} if args.moe_routing else {}
     batches = [int(b) for b in args.batches.split(",")]
     spec = dict(
         model=args.model,
@@ -291,7 +312,7 @@ def main() -> None:
         # ranks are spawned: forked from it, they failed at start on 4 H100s (no trace)
         res[impl] = run_impl(
             __file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0",
-            VLLM_WORKER_MULTIPROC_METHOD="spawn",
+            VLLM_WORKER_MULTIPROC_METHOD="spawn", **routing,
         )  # fmt: skip
         # written after each implementation: a time limit that cuts the second keeps the first
         for batch in batches:
@@ -308,7 +329,11 @@ def write_batch(args: argparse.Namespace, batch: int, res: dict[str, dict], tp_t
         impl: dict(model_class=r["model_class"], device=r["device"], **r["steps"][str(batch)])
         for impl, r in res.items()
     }
-    name = f"step-profile-{args.model}-{args.state_dtype}-b{batch}{tp_tag}-{device_tag(device)}"
+    routing = f"-{args.moe_routing}-routing" if args.moe_routing else ""
+    name = (
+        f"step-profile-{args.model}-{args.state_dtype}-b{batch}{tp_tag}{routing}-"
+        f"{device_tag(device)}"
+    )
     meta = dict(
         vars(args), output_dir=str(args.output_dir), batch=batch, prompt_len=PROMPT_LEN,
         date=time.strftime("%Y-%m-%d"), device=device,

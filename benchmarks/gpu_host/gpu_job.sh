@@ -14,9 +14,12 @@
 #               any), merged into the package's file (kernels and keys not swept stay) and
 #               copied to LOG_DIR with the merged sweep (tune-tp* sweeps left out)
 #   tables-tp   LOG_DIR/tune-tp*.json's rows in front of the file's (smaller points)
-#   e2e-30b     Nemotron 3 Nano 30B-A3B, bf16 and fp32 state, B=1/32/128, 2 rounds, both
-#               implementations routed by vLLM's uniform routing simulation
-#   profile-30b one decode step of the 30B at B=128 (bf16 state), both implementations
+#   e2e-30b-S   Nemotron 3 Nano 30B-A3B, state dtype S (bfloat16, float32), B=1/32/128,
+#               2 rounds, both implementations routed by vLLM's uniform routing simulation
+#               (random weights route by the tokens each generates), into
+#               LOG_DIR/e2e-30b-uniform-routing-<gpu>.json
+#   profile-30b one decode step of the 30B at B=1 and 128 (bf16 state), both implementations,
+#               routed as e2e-30b-S
 #   kernels-vllm the GPU kernel tests that import vLLM (the fused decode tail, speculative)
 #   accuracy-int8 accuracy.py on the shipped model, fp32 and int8 state, every decode step
 #               through the state-update kernel (--fused-max-batch-heads 0), then through the
@@ -73,11 +76,11 @@ for s in "$@"; do
           --write "$gpu_name" --in-front
       done
       cp "vllm_nemotron_h/ops/configs/$(echo "$gpu_name" | tr ' ' '_').json" "$out/" ;;
-    e2e-30b) step e2e-30b python3 benchmarks/e2e.py --models nano-v3-30b \
-      --state-dtypes bfloat16,float32 --batches 1,32,128 --repeats 3 --rounds 2 \
+    e2e-30b-bfloat16|e2e-30b-float32) step "$s" python3 benchmarks/e2e.py --models nano-v3-30b \
+      --state-dtypes "${s#e2e-30b-}" --batches 1,32,128 --repeats 3 --rounds 2 \
       --moe-routing uniform_random --output "$out/e2e-30b-uniform-routing-$gpu.json" ;;
     profile-30b) step profile-30b python3 benchmarks/step_profile.py --model nano-v3-30b \
-      --state-dtype bfloat16 --batches 128 --output-dir "$out" ;;
+      --state-dtype bfloat16 --batches 1,128 --moe-routing uniform_random --output-dir "$out" ;;
     kernels-vllm) step kernels-vllm python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/kernels/test_mamba2_decode.py tests/kernels/test_mamba2_speculative_decode.py ;;
     accuracy-int8)
