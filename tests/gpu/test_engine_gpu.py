@@ -31,6 +31,8 @@ NEW = 32
 # The first prompt ends early: with two sequences per step, the one-token prompt then joins a
 # step in which the second decodes, one token each, which vLLM runs as a full decode graph.
 MAX_TOKENS = [8, NEW, NEW, NEW]
+# The device table's fused tail off: the three kernels at every batch size.
+NO_FUSED_TAIL = {"mamba2_decode_fused_max_batch_heads": 0}
 # A fixed KV cache size instead of memory profiling: the engines of several test processes can
 # then share one GPU (profiling reads the device's free memory, which the others change).
 ENGINE = dict(
@@ -64,21 +66,22 @@ def eager_and_graphs(
     checkpoint: str,
     max_tokens: list[int] = MAX_TOKENS,
     max_num_seqs: int = 2,
-    fused_max_batch_heads: int | None = None,
+    launch_tables: dict | None = None,
     **options,
 ) -> tuple[dict, dict]:
     """The plugin with ``options`` (additional_config nemotron_h), fp32: eager (with one decode
     step's kernels profiled) and with CUDA graphs (more requests than decode slots per graph
     at the default max_num_seqs), both in this process so that the steps are the same in
-    every run. ``fused_max_batch_heads`` replaces the device table's limit of the fused tail."""
+    every run. ``launch_tables`` replaces entries of the device's tables (e.g. the fused
+    tail's limit)."""
     engine = dict(ENGINE, dtype="float32")
     if options:
         engine["additional_config"] = {"nemotron_h": options}
     if "deferred_state_writes" in options:
         engine["enable_prefix_caching"] = False
     spec = dict(model=checkpoint, prompts=PROMPTS, max_tokens=max_tokens)
-    if fused_max_batch_heads is not None:
-        spec["launch_tables"] = {"mamba2_decode_fused_max_batch_heads": fused_max_batch_heads}
+    if launch_tables:
+        spec["launch_tables"] = launch_tables
     eager = run_engine(
         dict(spec, engine=dict(engine, enforce_eager=True), profile=True),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
@@ -143,7 +146,9 @@ def test_deferred_writes_eager_equals_cuda_graphs_and_transformers(checkpoint, r
     prefix caching off) on the GPU, at every batch size (the fused tail's limit set to 0): the
     deferred state update kernel runs in decode steps, CUDA graphs give the eager tokens, and
     these stay with transformers' as the per-step fp32 path does."""
-    eager, graphs = eager_and_graphs(checkpoint, fused_max_batch_heads=0, deferred_state_writes=4)
+    eager, graphs = eager_and_graphs(
+        checkpoint, launch_tables=NO_FUSED_TAIL, deferred_state_writes=4
+    )
     assert graphs["tokens"] == eager["tokens"]
     kernels = [row[0] for row in eager["profile"]]
     assert any("_deferred_state_update_kernel" in k for k in kernels), kernels
@@ -161,13 +166,36 @@ def test_deferred_writes_switch_to_the_fused_tail_at_small_batches(checkpoint, r
     with transformers', in eager mode and with CUDA graphs (4 decode slots per graph)."""
     max_tokens = [6, 11, 21, NEW]
     eager, graphs = eager_and_graphs(
-        checkpoint, max_tokens, max_num_seqs=4, fused_max_batch_heads=16, deferred_state_writes=4
-    )
+        checkpoint, max_tokens, max_num_seqs=4,
+        launch_tables={"mamba2_decode_fused_max_batch_heads": 16}, deferred_state_writes=4,
+    )  # fmt: skip
     assert graphs["tokens"] == eager["tokens"]
     kernels = [row[0] for row in eager["profile"]]  # one sequence: the fused tail
     assert any("_mamba2_decode_kernel" in k for k in kernels), kernels
     agree = agreement(eager["tokens"], reference)
     print("deferred writes, switching paths: tokens equal to transformers' before:", agree)
+    assert sum(a == n for a, n in zip(agree, max_tokens)) >= len(PROMPTS) - 1
+
+
+def test_deferred_writes_switch_to_the_per_step_update_where_deferring_does_not_pay(
+    checkpoint, reference
+):
+    """Where the device table says deferring does not pay for the state format (here up to 2
+    sequences of the fp32 state: 16 batch x heads; the fused tail off), the per-step state
+    update runs and the deferred one above. Sequences end one by one (4 -> 3 -> 2 -> 1 decode
+    rows), so that the first per-step step must find every ring written into its state: the
+    tokens stay with transformers', in eager mode and with CUDA graphs."""
+    max_tokens = [6, 11, 21, NEW]
+    tables = dict(NO_FUSED_TAIL, deferred_state_update_pays={"80,16,4": [[16, 0], [None, 1]]})
+    eager, graphs = eager_and_graphs(
+        checkpoint, max_tokens, max_num_seqs=4, launch_tables=tables, deferred_state_writes=4
+    )
+    assert graphs["tokens"] == eager["tokens"]
+    kernels = [row[0] for row in eager["profile"]]  # one sequence: the per-step update
+    assert any("_selective_state_update_kernel" in k for k in kernels), kernels
+    assert not any("_deferred_state_update_kernel" in k for k in kernels), kernels
+    agree = agreement(eager["tokens"], reference)
+    print("deferred writes, per-step where deferring does not pay: equal before:", agree)
     assert sum(a == n for a, n in zip(agree, max_tokens)) >= len(PROMPTS) - 1
 
 
@@ -197,7 +225,7 @@ def test_deferred_writes_with_prefix_caching_stay_with_transformers(checkpoint):
             max_tokens=NEW,
             engine=engine,
             jobs=[[p] for p in prompts],
-            launch_tables={"mamba2_decode_fused_max_batch_heads": 0},
+            launch_tables=NO_FUSED_TAIL,
         ),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )

@@ -3,6 +3,7 @@ name and every row is one the kernels can launch, so a mistyped or half-merged t
 here, not on the user's GPU."""
 
 import json
+import logging.handlers
 import sys
 from pathlib import Path
 
@@ -16,21 +17,27 @@ TABLE_FILES = sorted(launch_config.CONFIGS_DIR.glob("*.json"))
 # is one list of rows.
 STATE_KERNELS = ("selective_state_update", "deferred_state_update", "mamba2_decode")
 WARPS = (1, 2, 4, 8)
+# Whether deferred writes pay, per state format: [max batch x heads, 1 or 0] rows.
+DEFERRING_PAYS = "deferred_state_update_pays"
 
 
 def is_power_of_two(n: object) -> bool:
     return isinstance(n, int) and n > 0 and n & (n - 1) == 0
 
 
-def check_rows(where: str, rows: list, tiles_per_program: bool = False) -> None:
-    """[limit, tile, num_warps] rows (the state update's may add tiles per program, >= 1):
-    limits increasing, the last open (null), tiles powers of two, warps a count Triton
-    launches."""
+def check_limits(where: str, rows: list) -> None:
+    """Row limits increasing, the last open (null)."""
     assert rows, f"{where}: no rows"
     limits = [row[0] for row in rows]
     assert limits[-1] is None, f"{where}: the last row must be open-ended (null), got {limits}"
     assert None not in limits[:-1], f"{where}: only the last row may be open-ended: {limits}"
     assert limits[:-1] == sorted(set(limits[:-1])), f"{where}: limits not increasing: {limits}"
+
+
+def check_rows(where: str, rows: list, tiles_per_program: bool = False) -> None:
+    """[limit, tile, num_warps] rows (the state update's may add tiles per program, >= 1):
+    limits as check_limits says, tiles powers of two, warps a count Triton launches."""
+    check_limits(where, rows)
     for row in rows:
         if tiles_per_program and len(row) == 4:
             assert isinstance(row[3], int) and row[3] >= 1, f"{where}: row {row}: tiles < 1"
@@ -51,14 +58,19 @@ def test_table_file_is_well_formed(path):
     assert launch_config.device_file(data["device"]) == path, "file name != its device's"
     assert isinstance(data["how"], str) and data["how"], "say how the table was made"
     known = {"device", "how", "causal_conv1d_update", "mamba2_decode_fused_max_batch_heads"}
-    known.update(STATE_KERNELS)
+    known.update(STATE_KERNELS, [DEFERRING_PAYS])
     assert set(data) <= known, f"unknown entries {sorted(set(data) - known)}"
-    for kernel in STATE_KERNELS:
+    for kernel in (*STATE_KERNELS, DEFERRING_PAYS):
         for key, rows in data.get(kernel, {}).items():
             head_dim, d_state, state_bytes = (int(v) for v in key.split(","))
             assert head_dim > 0 and d_state > 0, f"{kernel} {key}"
             assert state_bytes in (1, 2, 4), f"{kernel} {key}: state bytes {state_bytes}"
-            check_rows(f"{path.name} {kernel} {key}", rows, kernel == "selective_state_update")
+            where = f"{path.name} {kernel} {key}"
+            if kernel == DEFERRING_PAYS:
+                check_limits(where, rows)
+                assert all(len(r) == 2 and r[1] in (0, 1) for r in rows), f"{where}: {rows}"
+            else:
+                check_rows(where, rows, kernel == "selective_state_update")
     if "causal_conv1d_update" in data:
         check_rows(f"{path.name} causal_conv1d_update", data["causal_conv1d_update"])
     fused_max = data.get("mamba2_decode_fused_max_batch_heads")
@@ -151,3 +163,53 @@ def test_a_rank_sweep_goes_in_front_of_the_rows_of_larger_points(tmp_path, monke
     assert tables["mamba2_decode"]["64,128,4"] == [[32, 8, 4], [64, 32, 4]]
     data = json.loads(write_tables("Some GPU", tables, "TP=4", in_front=True).read_text())
     assert data["mamba2_decode"]["64,128,4"] == [[32, 8, 4], [128, 32, 4], [None, 128, 4]]
+
+
+def test_deferred_writes_run_the_per_step_launch_where_the_table_says_deferring_does_not_pay():
+    """A layer with deferred writes defers only where its tail is not fused and the device
+    table's rows for its state format say deferring pays (no rows: it pays); at the other
+    batch sizes its plan runs the per-step launch and says so to the builder, which then keeps
+    the rings empty. Beyond the table (a padded CUDA-graph batch) the layer defers."""
+    from dataclasses import replace
+
+    from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
+    from vllm_nemotron_h.ops.deferred_state_update import interface as deferred_op
+    from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeShape, resolve_launch
+    from vllm_nemotron_h.ops.mamba2_decode.kernel import DecodeWorkspace
+    from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
+
+    cpu = torch.device("cpu")
+    shape = DecodeShape(8, 80, 16, 4, 4, torch.float32, cpu, ring_size=4)
+    pays = {"80,16,4": [[16, 0], [None, 1]]}  # up to 2 sequences of 8 heads: per step
+    with launch_config.overridden("mamba2_decode_fused_max_batch_heads", 0):
+        assert all(resolve_launch(shape, b).defers for b in (1, 2, 3, 64))
+        with launch_config.overridden(DEFERRING_PAYS, pays):
+            assert not deferred_op.pays(cpu, 80, 16, torch.float32, 16)
+            assert deferred_op.pays(cpu, 80, 16, torch.float32, 24)
+            assert deferred_op.pays(cpu, 80, 16, torch.int8, 16)  # no rows for int8
+            assert [resolve_launch(shape, b).defers for b in range(5)] == [
+                False, False, False, True, True,
+            ]  # fmt: skip
+            plan = DecodePlan(4, 8, 80, cpu)
+            # as a CUDA plan has (batch 0 fuses)
+            plan.workspace = DecodeWorkspace.allocate(4, 8, 80, cpu)
+            said, logger = logging.handlers.BufferingHandler(8), plugin_logger()
+            level = logger.level
+            logger.addHandler(said)
+            logger.setLevel(logging.INFO)  # as in a vLLM process
+            try:
+                launches = plan.deferring_launches(shape)
+            finally:
+                logger.removeHandler(said)
+                logger.setLevel(level)
+            assert any("deferred update at batch sizes 3-4 of 1-4" in r.getMessage()
+                       for r in said.buffer), [r.getMessage() for r in said.buffer]  # fmt: skip
+            per_step = plan.launches(replace(shape, ring_size=0))
+            assert launches[1] is per_step[1] and launches[2] is per_step[2]
+            assert launches[3].defers and launches[4].defers
+            assert [plan.writes_every_token(b) for b in range(6)] == [
+                True, True, True, False, False, False,
+            ]  # fmt: skip
+    with launch_config.overridden("mamba2_decode_fused_max_batch_heads", 16):
+        # a fused batch writes every token whatever the table says of deferring
+        assert [resolve_launch(shape, b).defers for b in (1, 2, 3)] == [False, False, True]

@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 from helpers import (
@@ -11,14 +13,16 @@ from helpers import (
     tolerance,
 )
 
+from vllm_nemotron_h.model_executor.decode_plan import DecodePlan, LayerPlan, LayerWeights
 from vllm_nemotron_h.model_executor.native_cpu_decode import (
     NativeDecodeParams,
     mamba2_decode_native,
 )
-from vllm_nemotron_h.ops import DecodeWorkspace, flush_deferred_state, mamba2_decode
+from vllm_nemotron_h.ops import DecodeWorkspace, flush_deferred_state, launch_config, mamba2_decode
 from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, ring_dtypes, ring_shapes
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
+from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
 from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
@@ -176,6 +180,64 @@ def test_deferred_writes_match_the_per_step_tail(device):
     flush_deferred_state(deferred, t["A"], slots, null_slot=0)
     assert rel_err(t["ssm_state"][slots], per_step["ssm_state"][slots]) < TOL[torch.float32]
     assert (deferred.ring_len[slots] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deferred_writes_take_the_per_step_update_where_deferring_does_not_pay(device):
+    """A layer's plan with deferred writes (ring of 4, the fused tail off) where the device
+    table says deferring does not pay up to 2 sequences: 3 rows defer, 2 rows run the per-step
+    update, the rings written into the states first wherever the batch drops to per-step (as
+    the metadata builder does). Every token's output is the per-step tail's; after a last
+    flush the states equal the per-step states."""
+    shape, ring, act = (
+        (CPU_SHAPES[0], 4, torch.float32) if device == "cpu" else (GPU_SHAPES[1], 4, torch.float32)
+    )
+    nheads, head_dim, _, ngroups = shape
+    t = make_inputs(device, 3, shape, torch.float32, act)
+    per_step = {**t, "conv_state": t["conv_state"].clone(), "ssm_state": t["ssm_state"].clone()}
+    deferred = empty_rings(t["ssm_state"], ngroups, act, ring)
+    dev = torch.device(device)
+    weights = LayerWeights(
+        t["conv_weight"], t["conv_bias"], t["A"], t["D"], t["dt_bias"],
+        GroupNorm(t["norm_weight"], nheads * head_dim // ngroups, 1e-5), decode_norm=True,
+    )  # fmt: skip
+    key = f"{head_dim},{shape[2]},4"
+    tables = {"mamba2_decode_fused_max_batch_heads": 0,
+              "deferred_state_update_pays": {key: [[2 * nheads, 0], [None, 1]]}}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        for name, value in tables.items():
+            stack.enter_context(launch_config.overridden(name, value))
+        plan = DecodePlan(3, nheads, head_dim, dev)
+        plan.workspace = DecodeWorkspace.allocate(3, nheads, head_dim, dev)  # batch 0 fuses
+        out = torch.empty_like(t["z"])
+        layer = LayerPlan(
+            plan, weights, None, t["conv_state"], t["ssm_state"], None, deferred, t["xbc"],
+            t["dt"], t["z"], out, 0,
+        )  # fmt: skip
+        assert [plan.writes_every_token(rows) for rows in (1, 2, 3)] == [True, True, False]
+        rings_may_hold_tokens, most_held = False, 0
+        for rows in (3, 3, 2, 3, 3, 3, 2, 2, 3, 2):
+            token = make_inputs(device, 3, shape, torch.float32, act)
+            for run in (t, per_step):
+                run.update({k: token[k][:rows] for k in ("xbc", "dt", "z")})
+            slots = t["state_slots"][:rows]
+            want = mamba2_decode(**{**per_step, "state_slots": slots}, null_slot=0, fuse=False)
+            if not plan.writes_every_token(rows):
+                rings_may_hold_tokens = True
+            elif rings_may_hold_tokens:  # what the metadata builder does before such a step
+                layer.flush_all_rings()
+                rings_may_hold_tokens = False
+            got = out[:rows]
+            layer.decode(t["xbc"], t["dt"], t["z"], got, slots)
+            most_held = max(most_held, int(deferred.ring_len.max()))
+            if plan.writes_every_token(rows):  # the per-step update leaves the rings alone
+                assert (deferred.ring_len == 0).all(), f"{rows} rows"
+            assert rel_err(got, want) < TOL[torch.float32], f"{rows} rows"
+            assert torch.equal(t["conv_state"], per_step["conv_state"])
+        assert most_held == 3, "3 rows defer (three such steps in a row fill a ring to 3)"
+        layer.flush_all_rings()
+    live = t["state_slots"][1:]
+    assert rel_err(t["ssm_state"][live], per_step["ssm_state"][live]) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -12,16 +12,19 @@ gated group norm and the final states into their slots, ops/mamba2_prefill_tail)
 With deferred writes the plan also writes a prefill's rings into their states before it
 reads them, and empties them after it writes the final states.
 
-Deferred writes pay where the state update dominates: at the batch sizes where the device
-table fuses the whole tail into one launch (small batches), the state is written every token
-by the fused tail instead, which needs every ring of the step's rows empty. The group's
-metadata builder keeps that so: before the first such step after a deferred one it writes
-every slot's ring into its state (``LayerPlan.flush_all_rings``), and while the fused tail
-runs no ring fills.
+Deferred writes pay where the state update dominates and the deferred update beats the
+per-step one of the same format: at the batch sizes where the device table fuses the whole
+tail into one launch (small batches), and where its ``deferred_state_update_pays`` rows say
+the per-step update is the faster (ops/deferred_state_update.pays), the state is written
+every token by the per-step launch instead, which needs every ring of the step's rows empty.
+The group's metadata builder keeps that so: before the first such step after a deferred one
+it writes every slot's ring into its state (``LayerPlan.flush_all_rings``), and while the
+per-step launch runs no ring fills.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -63,6 +66,7 @@ from vllm_nemotron_h.ops.state_slot_copy import interface as copy_op
 from vllm_nemotron_h.ops.state_slot_copy import kernel as copy_kernel
 from vllm_nemotron_h.ops.state_slot_copy.cpu import gather_state_slots_cpu
 from vllm_nemotron_h.ops.support import use_triton
+from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 
 
 class DecodePlan:
@@ -87,9 +91,9 @@ class DecodePlan:
             else None
         )
         self._launches: dict[DecodeShape, tuple[DecodeLaunch, ...]] = {}
-        # With deferred writes: the per-step launches of the group's layer shape, whose fused
-        # batch sizes write the state every token (see the module doc).
-        self._per_step: tuple[DecodeLaunch, ...] = ()
+        # With deferred writes: per batch size of the group's layer shape, whether it writes
+        # the state every token (see the module doc).
+        self._writes_every_token: tuple[bool, ...] = ()
 
     def launches(self, shape: DecodeShape) -> tuple[DecodeLaunch, ...]:
         """The launch of every batch size 0..max_batch for a layer shape, resolved once."""
@@ -103,16 +107,50 @@ class DecodePlan:
             self._launches[shape] = table
         return self._launches[shape]
 
-    def per_step_launches(self, shape: DecodeShape) -> tuple[DecodeLaunch, ...]:
-        """The launches of a layer with deferred writes at the batch sizes that write the state
-        every token (its shape without the ring); remembered for ``writes_every_token``."""
-        self._per_step = self.launches(replace(shape, ring_size=0))
-        return self._per_step
+    def deferring_launches(self, shape: DecodeShape) -> tuple[DecodeLaunch, ...]:
+        """The launch of every batch size of a layer with deferred writes: the deferred one
+        where it defers, else its shape's per-step launch (fused or not); which batches write
+        the state every token is remembered for ``writes_every_token``."""
+        deferring = self.launches(shape)
+        per_step = self.launches(replace(shape, ring_size=0))
+        self._writes_every_token = tuple(not launch.defers for launch in deferring)
+        log_deferring(shape, self._writes_every_token)
+        return tuple(d if d.defers else p for d, p in zip(deferring, per_step))
 
     def writes_every_token(self, batch: int) -> bool:
-        """Whether ``batch`` decode rows of a layer with deferred writes run the fused per-step
-        tail (their rings must then be empty)."""
-        return batch < len(self._per_step) and self._per_step[batch].fused
+        """Whether ``batch`` decode rows of a layer with deferred writes run a per-step launch
+        (their rings must then be empty). Beyond the table (a padded CUDA-graph batch) a
+        layer defers."""
+        return batch < len(self._writes_every_token) and self._writes_every_token[batch]
+
+
+@functools.cache
+def log_deferring(shape: DecodeShape, writes_every_token: tuple[bool, ...]) -> None:
+    """Once per process and layer shape: at which batch sizes deferred writes defer."""
+    deferring = [batch for batch, every in enumerate(writes_every_token) if batch and not every]
+    spans = [
+        f"{first}-{last}" if last > first else str(first)
+        for first, last in _spans(deferring)
+    ]  # fmt: skip
+    state = "int8" if shape.state_dtype == torch.int8 else str(shape.state_dtype).split(".")[-1]
+    plugin_logger().info(
+        f"vllm-nemotron-h: deferred state writes (ring {shape.ring_size}, {state} state, "
+        f"{shape.nheads} heads of {shape.head_dim} x {shape.d_state} on this rank): the "
+        f"deferred update at batch sizes {', '.join(spans) or 'none'} of 1-"
+        f"{len(writes_every_token) - 1}; the others write the state every token (the fused "
+        "tail, or the per-step update where the device table says deferring does not pay)"
+    )
+
+
+def _spans(values: list[int]) -> list[tuple[int, int]]:
+    """Runs of consecutive integers as (first, last)."""
+    spans: list[tuple[int, int]] = []
+    for v in values:
+        if spans and spans[-1][1] == v - 1:
+            spans[-1] = (spans[-1][0], v)
+        else:
+            spans.append((v, v))
+    return spans
 
 
 @dataclass
@@ -183,17 +221,17 @@ class LayerPlan:
         self.workspace = plan.workspace
         self.shape = DecodeShape.of(xbc, self.layer)
         # Per batch size, the launch and the layer view it runs on. With deferred writes on the
-        # GPU: the fused per-step tail where the table fuses (the builder keeps those rows'
-        # rings empty), the deferred update elsewhere; every slot for the builder's flush, and
-        # the (BLOCK_M, num_warps) of a flush (a few rows: the small-batch tile).
+        # GPU: the deferred update where it defers, the per-step launch elsewhere (the builder
+        # keeps those rows' rings empty); every slot for the builder's flush, and the
+        # (BLOCK_M, num_warps) of a flush (a few rows: the small-batch tile).
         launches = plan.launches(self.shape) if self.on_triton else ()
         self.launches = tuple((launch, self.layer) for launch in launches)
         self.all_slots = self.flush_config = None
         if deferred is not None and self.on_triton:
             per_step_layer = replace(self.layer, deferred=None)
             self.launches = tuple(
-                (per_step, per_step_layer) if per_step.fused else (launch, self.layer)
-                for per_step, launch in zip(plan.per_step_launches(self.shape), launches)
+                (launch, self.layer if launch.defers else per_step_layer)
+                for launch in plan.deferring_launches(self.shape)
             )
             self.all_slots = torch.arange(ssm_state.shape[0], device=ssm_state.device)
             self.flush_config = deferred_op.launch_config(

@@ -127,7 +127,8 @@ def describe(vllm_config: VllmConfig) -> str:
         decode = (
             "the plugin's Triton kernels (fused conv + state update + gated norm, writing the "
             "state every token, up to the device table's batch x heads; conv update, deferred "
-            "state update, group norm above)"
+            "state update, group norm above, at the batch sizes where the table says deferring "
+            "pays for the state format, else the per-step state update)"
         )
         prefill, moe = "kernels", "MoE layers vLLM's"
     else:

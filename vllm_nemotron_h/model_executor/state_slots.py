@@ -29,10 +29,11 @@ counts in every step (vLLM 0.32) it does not count. Both in one launch per group
 metadata every step (vLLM turns ``update_block_table`` off), so the builder's ops repeat
 per group.
 
-With deferred writes the builder also keeps the rings empty wherever a decode step runs the
-fused per-step tail (the small batch sizes of the device table, decode_plan.py): before the
-first such step after a step that deferred, every layer of the group writes every slot's
-ring into its state, outside any CUDA graph.
+With deferred writes the builder also keeps the rings empty wherever a decode step runs a
+per-step launch (the small batch sizes the device table fuses, and those at which its rows say
+deferring does not pay for the state format: decode_plan.py): before the first such step
+after a step that deferred, every layer of the group writes every slot's ring into its
+state, outside any CUDA graph.
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 new_rows = prompt_rows.rows[prompt_rows.new].to(slots.device)
                 self.zero_slots(slots[new_rows].long())
             if self.deferred_writes:
-                self.keep_rings_empty_for_fused_steps(rows)
+                self.keep_rings_empty_for_per_step_batches(rows)
         return metadata
 
     def speculative_rows(self, metadata: StateSlotsMetadata) -> None:
@@ -252,7 +253,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             metadata.num_decodes + metadata.num_prefills,
         )
 
-    def keep_rings_empty_for_fused_steps(self, rows: int) -> None:
+    def keep_rings_empty_for_per_step_batches(self, rows: int) -> None:
         # ``rows`` is the decode batch the layers see (padded like the CUDA graph they replay)
         if not self.decode_plan.writes_every_token(rows):
             self.rings_may_hold_tokens = True

@@ -22,7 +22,8 @@ import triton
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 # Rows of a table: [max batch x heads (or x channels) or None for no limit, tile, num_warps]; a
-# state update's rows may add how many tiles one program advances (1 if absent).
+# state update's rows may add how many tiles one program advances (1 if absent); a choice's
+# rows (deferred_state_update_pays) hold [max batch x heads or None, 1 or 0].
 Rows = list[list[int | None]]
 
 _overrides: dict[str, Any] = {}
@@ -136,7 +137,7 @@ def write_device_file(device_name: str, tables: dict[str, Any], how: str) -> Pat
     path = device_file(device_name)
     text = json.dumps({"device": device_name, "how": how, **tables}, indent=1)
     text = re.sub(
-        r"\[\s+(null|\d+),\s+(\d+),\s+(\d+)(?:,\s+(\d+))?\s+\]",
+        r"\[\s+(null|\d+),\s+(\d+)(?:,\s+(\d+))?(?:,\s+(\d+))?\s+\]",
         lambda m: "[" + ", ".join(v for v in m.groups() if v is not None) + "]",
         text,
     )

@@ -66,6 +66,20 @@ def launch_config(
     return configs.first_fit(rows, batch_heads) or untuned
 
 
+@configs.cached
+def pays(
+    device: torch.device, head_dim: int, d_state: int, state_dtype: torch.dtype, batch_heads: int
+) -> bool:
+    """Whether a decode step of ``batch_heads`` (batch x heads) runs faster deferred than
+    through the per-step update of the same state format on ``device``: the device table's
+    ``deferred_state_update_pays`` rows ([max batch x heads, 1 or 0], keyed as the tile rows),
+    measured with benchmarks/kernels/deferred_state_update.py; where the table says nothing,
+    deferring pays (it moves about half the bytes)."""
+    rows = configs.state_rows("deferred_state_update_pays", device, head_dim, d_state, state_dtype)
+    measured = configs.first_fit(rows, batch_heads)
+    return measured is None or bool(measured[0])
+
+
 def check_config(config: tuple[int, int], head_dim: int) -> None:
     # The last tile of a head is masked where BLOCK_M does not divide head_dim.
     block_m, most = config[0], triton.next_power_of_2(head_dim)

@@ -122,6 +122,10 @@ class DecodeLaunch:
     conv_config: tuple[int, int]  # (BLOCK_D, num_warps) of the conv kernel
     # (BLOCK_M, num_warps[, tiles per program]) of the (deferred) state-update kernel
     ssu_config: tuple[int, ...]
+    # With deferred writes: whether this batch defers (the three kernels with the deferred
+    # update), where the device table says deferring pays and the tail is not fused; else
+    # the layer runs its per-step launch at this batch, the rings empty
+    defers: bool = False
 
     def workspace_needs(self, shape: DecodeShape, batch: int) -> tuple[int, int]:
         """(counters, partial sums) the fused launch needs at ``batch``."""
@@ -143,8 +147,12 @@ def resolve_launch(shape: DecodeShape, batch: int) -> DecodeLaunch:
     fused_max = configs.table("mamba2_decode_fused_max_batch_heads", shape.device)
     fused_max = DEFAULT_FUSED_MAX_BATCH_HEADS if fused_max is None else fused_max
     fused = _fused_tile_fits(shape, fused_config[0]) and batch_heads <= fused_max
+    defers = False
     if shape.ring_size:  # tiles of one head's rows
         ssu_config = deferred_op.launch_config(
+            shape.device, shape.head_dim, shape.d_state, shape.state_dtype, batch_heads
+        )
+        defers = not fused and deferred_op.pays(
             shape.device, shape.head_dim, shape.d_state, shape.state_dtype, batch_heads
         )
     else:
@@ -154,6 +162,7 @@ def resolve_launch(shape: DecodeShape, batch: int) -> DecodeLaunch:
         fused_config=fused_config,
         conv_config=conv_op.launch_config(shape.device, batch * shape.conv_dim),
         ssu_config=ssu_config,
+        defers=defers,
     )
 
 
