@@ -202,7 +202,10 @@ def test_equals_one_token_per_step(device, state_dtype):
                 t["conv_weight"], t["conv_bias"], ssm, t["A"], t["D"], t["dt_bias"],
                 t["norm_weight"], state_slots=slot, ssm_scale=scale, fuse=False,
             )  # fmt: skip
-            out_tol = 1e-6 if device == "cpu" else GPU_STATE_TOL[state_dtype]
+            if state_dtype == torch.int8:  # a token after a quantum's boundary carries it
+                out_tol = INT8_CARRIED_TOL
+            else:
+                out_tol = 1e-6 if device == "cpu" else GPU_STATE_TOL[state_dtype]
             assert rel_err(out[tok : tok + 1], step_out) < out_tol
             dst = int(t["state_slots"][r, tok - starts[r]])
             if device == "cpu" and state_dtype != torch.int8:
