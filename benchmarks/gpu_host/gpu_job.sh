@@ -42,6 +42,10 @@
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
 #   deferred-floor a deferred step's bytes moved without arithmetic (deferred_state_floor.py),
 #               int8 / bf16 / fp32 checkpoints
+#   deferred-choice the engine tests of deferred writes (the per-step update where the device
+#               table says deferring does not pay, the fused tail, eager = CUDA graphs), then
+#               the 8B's int8 state with and without deferred writes (plugin, B=32/128, the
+#               table's choice end to end) into LOG_DIR/e2e-8b-int8-deferred-choice-<gpu>.json
 set -u
 out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
@@ -121,6 +125,12 @@ for s in "$@"; do
       model=$([ "$s" = ttft-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
       step "$s" python3 benchmarks/e2e.py --models "$model" --state-dtypes bfloat16 \
         --batches 1,32,128 --repeats 3 --rounds 3 --output "$out/e2e-${s#ttft-}-bf16-ttft-rounds3-$gpu.json" ;;
+    deferred-choice)
+      step deferred-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/gpu/test_engine_gpu.py -k deferred
+      step deferred-choice-e2e python3 benchmarks/e2e.py --models nemotron-h-8b \
+        --state-dtypes int8,int8-deferred16 --impls plugin --batches 32,128 --repeats 3 \
+        --output "$out/e2e-8b-int8-deferred-choice-$gpu.json" ;;
     int8-floor) step int8-floor python3 benchmarks/kernels/int8_state_floor.py \
       --models nemotron-h-8b,nano-9b-v2 --output "$out/kernels-int8_state_floor-$gpu.json" ;;
     deferred-floor) step deferred-floor python3 benchmarks/kernels/deferred_state_floor.py \
