@@ -189,9 +189,8 @@ def test_deferred_writes_take_the_per_step_update_where_deferring_does_not_pay(d
     update, the rings written into the states first wherever the batch drops to per-step (as
     the metadata builder does). Every token's output is the per-step tail's; after a last
     flush the states equal the per-step states."""
-    shape, ring, act = (
-        (CPU_SHAPES[0], 4, torch.float32) if device == "cpu" else (GPU_SHAPES[1], 4, torch.float32)
-    )
+    shape = CPU_SHAPES[0] if device == "cpu" else GPU_SHAPES[1]
+    ring, act = 4, torch.float32
     nheads, head_dim, _, ngroups = shape
     t = make_inputs(device, 3, shape, torch.float32, act)
     per_step = {**t, "conv_state": t["conv_state"].clone(), "ssm_state": t["ssm_state"].clone()}
@@ -215,18 +214,15 @@ def test_deferred_writes_take_the_per_step_update_where_deferring_does_not_pay(d
             t["dt"], t["z"], out, 0,
         )  # fmt: skip
         assert [plan.writes_every_token(rows) for rows in (1, 2, 3)] == [True, True, False]
-        rings_may_hold_tokens, most_held = False, 0
+        most_held = 0
         for rows in (3, 3, 2, 3, 3, 3, 2, 2, 3, 2):
             token = make_inputs(device, 3, shape, torch.float32, act)
             for run in (t, per_step):
                 run.update({k: token[k][:rows] for k in ("xbc", "dt", "z")})
             slots = t["state_slots"][:rows]
             want = mamba2_decode(**{**per_step, "state_slots": slots}, null_slot=0, fuse=False)
-            if not plan.writes_every_token(rows):
-                rings_may_hold_tokens = True
-            elif rings_may_hold_tokens:  # what the metadata builder does before such a step
+            if plan.must_flush_rings_before(rows):  # as the metadata builder asks, per step
                 layer.flush_all_rings()
-                rings_may_hold_tokens = False
             got = out[:rows]
             layer.decode(t["xbc"], t["dt"], t["z"], got, slots)
             most_held = max(most_held, int(deferred.ring_len.max()))

@@ -94,6 +94,7 @@ class DecodePlan:
         # With deferred writes: per batch size of the group's layer shape, whether it writes
         # the state every token (see the module doc).
         self._writes_every_token: tuple[bool, ...] = ()
+        self._rings_may_hold_tokens = False  # a decode step has deferred since the last flush
 
     def launches(self, shape: DecodeShape) -> tuple[DecodeLaunch, ...]:
         """The launch of every batch size 0..max_batch for a layer shape, resolved once."""
@@ -122,6 +123,16 @@ class DecodePlan:
         (their rings must then be empty). Beyond the table (a padded CUDA-graph batch) a
         layer defers."""
         return batch < len(self._writes_every_token) and self._writes_every_token[batch]
+
+    def must_flush_rings_before(self, batch: int) -> bool:
+        """With deferred writes, once per decode step of ``batch`` rows (before its layers
+        run): whether every slot's ring must first be written into its state, i.e. a step that
+        writes every token after one that deferred (``LayerPlan.flush_all_rings``)."""
+        if not self.writes_every_token(batch):
+            self._rings_may_hold_tokens = True
+            return False
+        flush, self._rings_may_hold_tokens = self._rings_may_hold_tokens, False
+        return flush
 
 
 @functools.cache

@@ -134,7 +134,6 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             and not accepted_counts_every_step()
         )
         self.deferred_writes = state_layout(vllm_config).ring_size > 0
-        self.rings_may_hold_tokens = False  # a decode step has deferred since the last flush
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
         metadata.state_slots_d = metadata.state_slots_d_int32 = metadata.live_rows_d = None
@@ -255,13 +254,10 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
 
     def keep_rings_empty_for_per_step_batches(self, rows: int) -> None:
         # ``rows`` is the decode batch the layers see (padded like the CUDA graph they replay)
-        if not self.decode_plan.writes_every_token(rows):
-            self.rings_may_hold_tokens = True
-        elif self.rings_may_hold_tokens:
+        if self.decode_plan.must_flush_rings_before(rows):
             for mixer in mixers_of(self.vllm_config, self.layer_names):
                 if mixer.plan is not None and mixer.plan.kv_cache is mixer.kv_cache:
                     mixer.plan.flush_all_rings()
-            self.rings_may_hold_tokens = False
 
     def zero_slots(self, slots: torch.Tensor) -> None:
         """Zeroes ``slots`` (int64) in every state tensor of the group's layers."""
