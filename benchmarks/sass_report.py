@@ -1,11 +1,14 @@
-"""The machine code of the state-update kernel without a GPU: compiles it for sm_90 with the
+"""The machine code of a state-update kernel without a GPU: compiles it for sm_90 with the
 Triton installed here (ptxas and cuobjdump ship with it) and prints, per launch config, what
 decides a memory-bound kernel's speed before any timing: registers per thread (how many
-programs fit on an SM), global loads and stores, CTA barriers, and how many instructions run
-before the first 16-byte state load and between the last state load and the first state store.
+programs fit on an SM), local-memory accesses (spills), global loads and stores, CTA barriers,
+and how many instructions run before the first 16-byte state load and between the last state
+load and the first state store. ``--kernel deferred_state_update`` reports the deferred
+update's step (a token appended, ring of ``--ring``) instead of the per-step update.
 
-    python benchmarks/sass_report.py [--configs 16x1,64x2] [--state-dtypes bf16,fp32,i8]
-                                     [--head-dim 64] [--dump DIR]
+    python benchmarks/sass_report.py [--kernel selective_state_update|deferred_state_update]
+                                     [--configs 16x1,64x2] [--state-dtypes bf16,fp32,i8]
+                                     [--head-dim 64] [--ring 16] [--dump DIR]
 
 The GPU machine may run another Triton version (3.6 there): its code can differ; read this as
 a lead, and time the variant on the GPU before keeping it. To compile with the GPU's version:
@@ -24,6 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from vllm_nemotron_h.ops.deferred_state_update.kernel import _deferred_state_update_kernel
 from vllm_nemotron_h.ops.selective_state_update.kernel import (
     _selective_state_update_kernel,
     takes_per_head_values,
@@ -36,26 +40,37 @@ UNIT_STRIDES = ("x_d", "z_d", "o_d", "B_n", "C_n", "dt_h", "sc_dim")
 
 
 def compile_sass(
-    block_m: int, num_warps: int, tiles: int, state_dtype: str, head_dim: int
+    block_m: int,
+    num_warps: int,
+    tiles: int,
+    state_dtype: str,
+    head_dim: int,
+    kernel_name: str = "selective_state_update",
+    ring: int = 16,
 ) -> tuple:
     """(cuobjdump -sass text, its -res-usage text) of one launch config."""
-    kernel = _selective_state_update_kernel
-    names = kernel.arg_names
-    constexprs = dict(
-        HEAD_DIM=head_dim,
-        QUANTIZED=state_dtype == "i8",
-        HAS_Z=True,
-        HAS_SLOTS=True,
-        BLOCK_M=block_m,
-        BLOCK_N=128,
-        TILES=tiles,
-        PER_HEAD=takes_per_head_values(state_dtype == "i8", head_dim, block_m * tiles),
-        INLINE_PTX=True,
-    )
-    constexprs.update({name: 1 for name in UNIT_STRIDES})
     pointers = {name: "*bf16" for name in ACTIVATION_PTRS}
     pointers.update(state_ptr=f"*{state_dtype}", slots_ptr="*i64", scale_ptr="*fp32")
     pointers.update({name: "*fp32" for name in ("A_ptr", "D_ptr", "dt_bias_ptr")})
+    quantized = state_dtype == "i8"
+    if kernel_name == "deferred_state_update":  # a step: the token joins the ring
+        kernel = _deferred_state_update_kernel
+        constexprs = dict(
+            HEAD_DIM=head_dim, RING=ring, QUANTIZED=quantized, HAS_Z=True, APPEND=True,
+            BLOCK_M=block_m, BLOCK_N=128,
+        )  # fmt: skip
+        pointers.update(ring_x_ptr="*bf16", ring_B_ptr="*bf16", ring_dt_ptr="*fp32")
+        pointers.update(ring_len_ptr="*i32")
+    else:
+        kernel = _selective_state_update_kernel
+        constexprs = dict(
+            HEAD_DIM=head_dim, QUANTIZED=quantized, HAS_Z=True, HAS_SLOTS=True,
+            BLOCK_M=block_m, BLOCK_N=128, TILES=tiles,
+            PER_HEAD=takes_per_head_values(quantized, head_dim, block_m * tiles),
+            INLINE_PTX=True,
+        )  # fmt: skip
+        constexprs.update({name: 1 for name in UNIT_STRIDES})
+    names = kernel.arg_names
     signature = {n: pointers.get(n, "constexpr" if n in constexprs else "i32") for n in names}
     # Tensors and strides as vLLM passes them: 16-byte aligned, multiples of 16.
     attrs = {
@@ -72,7 +87,9 @@ def compile_sass(
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)
     )
-    cubin = Path("/tmp") / f"ssu-{block_m}x{num_warps}x{tiles}-{state_dtype}-{head_dim}.cubin"
+    cubin = (
+        Path("/tmp") / f"{kernel_name}-{block_m}x{num_warps}x{tiles}-{state_dtype}-{head_dim}.cubin"
+    )
     cubin.write_bytes(compiled.asm["cubin"])
 
     def dump(flag: str) -> str:
@@ -92,6 +109,7 @@ def summarize(sass: str, resources: str) -> dict:
     state_stores = [i for i, op in enumerate(ops) if "STG.E.128" in op]
     return dict(
         registers=int(re.search(r"REG:(\d+)", resources).group(1)),
+        local=sum("LDL" in op or "STL" in op for op in ops),
         instructions=len(ops),
         LDG=sum("LDG" in op for op in ops),
         STG=sum("STG" in op for op in ops),
@@ -110,24 +128,35 @@ def main() -> None:
     )
     ap.add_argument("--state-dtypes", default="bf16,fp32")
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument(
+        "--kernel",
+        choices=("selective_state_update", "deferred_state_update"),
+        default="selective_state_update",
+    )
+    ap.add_argument("--ring", type=int, default=16, help="the deferred update's ring size")
     ap.add_argument("--dump", type=Path, help="also write each config's SASS here")
     args = ap.parse_args()
-    print(f"triton {triton.__version__}, sm_90, head_dim {args.head_dim}, d_state 128, gated")
     print(
-        "config   state  regs  instr  per tile  LDG  STG  BAR  before 1st state load"
+        f"{args.kernel}: triton {triton.__version__}, sm_90, head_dim {args.head_dim}, "
+        "d_state 128, gated"
+    )
+    print(
+        "config   state  regs  local  instr  per tile  LDG  STG  BAR  before 1st state load"
         "  last load->1st store"
     )
     for config in args.configs.split(","):
         block_m, num_warps, tiles = (int(v) for v in (config + "x1").split("x")[:3])
         for state_dtype in args.state_dtypes.split(","):
-            sass, resources = compile_sass(block_m, num_warps, tiles, state_dtype, args.head_dim)
+            sass, resources = compile_sass(
+                block_m, num_warps, tiles, state_dtype, args.head_dim, args.kernel, args.ring
+            )
             if args.dump:
                 args.dump.mkdir(parents=True, exist_ok=True)
-                (args.dump / f"ssu-{config}-{state_dtype}.sass").write_text(sass)
+                (args.dump / f"{args.kernel}-{config}-{state_dtype}.sass").write_text(sass)
             r = summarize(sass, resources)
             print(
-                f"{config:8s} {state_dtype:5s} {r['registers']:5d} {r['instructions']:6d} "
-                f"{r['instructions'] / tiles:9.0f} "
+                f"{config:8s} {state_dtype:5s} {r['registers']:5d} {r['local']:6d} "
+                f"{r['instructions']:6d} {r['instructions'] / tiles:9.0f} "
                 f"{r['LDG']:4d} {r['STG']:4d} {r['BAR']:4d} {r['before_first_state_load']!s:>21s} "
                 f"{r['loads_to_stores']!s:>21s}"
             )
