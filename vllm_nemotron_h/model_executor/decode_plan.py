@@ -143,7 +143,7 @@ def log_deferring(shape: DecodeShape, writes_every_token: tuple[bool, ...]) -> N
         f"{first}-{last}" if last > first else str(first)
         for first, last in _spans(deferring)
     ]  # fmt: skip
-    state = "int8" if shape.state_dtype == torch.int8 else str(shape.state_dtype).split(".")[-1]
+    state = str(shape.state_dtype).removeprefix("torch.")
     plugin_logger().info(
         f"vllm-nemotron-h: deferred state writes (ring {shape.ring_size}, {state} state, "
         f"{shape.nheads} heads of {shape.head_dim} x {shape.d_state} on this rank): the "
