@@ -24,6 +24,10 @@
 #   accuracy-int8 accuracy.py on the shipped model, fp32 and int8 state, every decode step
 #               through the state-update kernel (--fused-max-batch-heads 0), then through the
 #               device table's paths (the fused tail at small batch x heads)
+#   accuracy-deferred accuracy.py on the shipped model: fp32, then fp32, bf16 and int8 with
+#               deferred writes (ring 16), every decode step through the state update
+#               (--fused-max-batch-heads 0: the deferred kernel), into
+#               LOG_DIR/accuracy-deferred-<gpu>.json
 #   e2e-int8-M  model M (8b or 9b): the built-in with fp32 and bf16 state, then the plugin
 #               with int8 state, B=1/32/128/256, separate processes: tokens/s and how many
 #               sequences each format's cache holds, into LOG_DIR/e2e-int8-<gpu>.json
@@ -93,6 +97,11 @@ for s in "$@"; do
       step accuracy-int8-state-update "${acc[@]}" --fused-max-batch-heads 0 \
         --output "$out/accuracy-int8-state-update-$gpu.json"
       step accuracy-int8-table "${acc[@]}" --output "$out/accuracy-int8-table-$gpu.json" ;;
+    accuracy-deferred) step accuracy-deferred python3 benchmarks/accuracy.py \
+      --formats fp32,fp32-deferred16,bf16-deferred16,int8-deferred16 --contexts 2048 \
+      --windows 8 --kl-windows 4 --greedy-prompts 8 --greedy-tokens 256 --no-reference \
+      --fused-max-batch-heads 0 --output "$out/accuracy-deferred-$gpu.json" \
+      --doc "$out/accuracy.md" ;;
     e2e-int8-8b | e2e-int8-9b)
       model=$([ "$s" = e2e-int8-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
       e2e=(python3 benchmarks/e2e.py --models "$model" --batches 1,32,128,256 --repeats 3
