@@ -13,10 +13,15 @@ Every ``--every`` steps: relative L2 error of the state and of y against float64
 state's signed bias, mean((s - s64) * sign(s64)) / mean(|s64|) (negative: the stored state
 shrinks toward zero). Writes benchmarks/results/state-drift-<device>.json and .png.
 
+With ``--ring L`` the state has deferred writes (ops/deferred_state_update): a checkpoint in
+the format, written back from a ring of L tokens every L steps; the state is measured where
+the ring has just been written back (``--every`` a multiple of L), y at every measured step.
+
     python benchmarks/state_drift.py                         # GPU: 8B and 9B shapes
     python benchmarks/state_drift.py --batch 1 --steps 512   # CPU (its CPU path)
     TRITON_INTERPRET=1 python benchmarks/state_drift.py --formats int8 --heads 8 --steps 512
                                           # CPU, the Triton kernel interpreted (8 of the heads)
+    python benchmarks/state_drift.py --ring 16               # deferred writes, ring of 16
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from vllm_nemotron_h.ops import selective_state_update  # noqa: E402
+from vllm_nemotron_h.ops.deferred_state_update import (  # noqa: E402
+    DeferredState,
+    deferred_state_update,
+)
+from vllm_nemotron_h.ops.deferred_state_update.layout import ring_dtypes, ring_shapes  # noqa: E402
+from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep  # noqa: E402
 from vllm_nemotron_h.ops.state_format import dequantize  # noqa: E402
 from vllm_nemotron_h.ops.support import use_triton  # noqa: E402
 
@@ -82,10 +93,31 @@ def inputs(
     )
 
 
+def deferred(state: torch.Tensor, scale: torch.Tensor | None, groups: int, ring: int):
+    """A deferred state around ``state`` (and its scales) as checkpoint, the rings empty;
+    activations in fp32, as this script passes them."""
+    batch, heads, head_dim, d_state = state.shape
+    shapes = ring_shapes(heads, head_dim, d_state, groups, ring)
+    rings = (
+        torch.zeros(batch, *shape, dtype=dtype, device=state.device)
+        for shape, dtype in zip(shapes, ring_dtypes(torch.float32), strict=True)
+    )
+    return DeferredState(state, scale, *rings)
+
+
 def drift(
-    shape: str, fmt: str, batch: int, steps: int, every: int, device: str, seed: int, heads: int
+    shape: str,
+    fmt: str,
+    batch: int,
+    steps: int,
+    every: int,
+    device: str,
+    seed: int,
+    heads: int,
+    ring: int = 0,
 ) -> dict:
-    """``heads`` of the shape's heads (its heads per group kept; 0: all of them)."""
+    """``heads`` of the shape's heads (its heads per group kept; 0: all of them); ``ring``:
+    deferred writes with a ring of that many tokens (0: the state written every token)."""
     all_heads, head_dim, d_state, groups = SHAPES[shape]
     per_group = all_heads // groups
     heads = heads or all_heads
@@ -98,20 +130,25 @@ def drift(
         scale = torch.zeros(batch, heads, head_dim, dtype=torch.float32, device=device)
     ref = torch.zeros(batch, heads, head_dim, d_state, dtype=torch.float64, device=device)
     A32, D32, bias32 = (layer[k].float() for k in ("A", "D", "dt_bias"))
+    rings = deferred(state, scale, groups, ring) if ring else None
     curve = []
     for t in range(steps):
         x, dt, B, C = (seq[k][t] for k in ("x", "dt", "B", "C"))
-        y = selective_state_update(
-            state, x.float(), dt.float(), A32, B.float(), C.float(), D32, bias32,
-            state_scale=scale,
-        )  # fmt: skip
+        if rings is None:
+            y = selective_state_update(
+                state, x.float(), dt.float(), A32, B.float(), C.float(), D32, bias32,
+                state_scale=scale,
+            )  # fmt: skip
+        else:
+            update = StateUpdateStep(x.float(), dt.float(), A32, B.float(), C.float(), D32, bias32)
+            y = deferred_state_update(rings, update)
         dt_f = torch.nn.functional.softplus(dt + layer["dt_bias"])
         Bh = B.repeat_interleave(per_group, dim=1)
         Ch = C.repeat_interleave(per_group, dim=1)
         ref.mul_(torch.exp(layer["A"] * dt_f)[..., None, None]).add_(
             (dt_f[..., None] * x)[..., None] * Bh[:, :, None, :]
         )
-        if (t + 1) % every == 0 or t == 0:
+        if (t + 1) % every == 0 or t + 1 == ring or (t == 0 and not ring):
             y_ref = (ref * Ch[:, :, None, :]).sum(-1) + layer["D"][:, None] * x
             stored = state.double() if scale is None else dequantize(state, scale.double())
             err = stored - ref
@@ -123,7 +160,7 @@ def drift(
                     state_bias=((err * ref.sign()).mean() / ref.abs().mean()).item(),
                 )
             )
-    return dict(shape=shape, format=fmt, curve=curve)
+    return dict(shape=shape, format=fmt, ring=ring, curve=curve)
 
 
 def main() -> None:
@@ -135,8 +172,11 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--heads", type=int, default=0, help="of each shape's heads (0: all)")
+    ap.add_argument("--ring", type=int, default=0, help="deferred writes, a ring of this many")
     ap.add_argument("--output", type=Path)
     args = ap.parse_args()
+    if args.ring and args.every % args.ring:
+        ap.error(f"--every must be a multiple of --ring, got {args.every} and {args.ring}")
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     name = torch.cuda.get_device_name() if gpu else "cpu"
@@ -146,8 +186,9 @@ def main() -> None:
         for fmt in args.formats.split(","):
             t0 = time.perf_counter()
             row = drift(
-                shape, fmt, args.batch, args.steps, args.every, device, args.seed, args.heads
-            )
+                shape, fmt, args.batch, args.steps, args.every, device, args.seed, args.heads,
+                args.ring,
+            )  # fmt: skip
             last = row["curve"][-1]
             print(
                 f"{shape} {fmt}: after {last['step']} steps state err {last['state_rel_err']:.2e}, "
@@ -165,6 +206,7 @@ def main() -> None:
             steps=args.steps,
             seed=args.seed,
             heads=args.heads or "all",
+            ring=args.ring,
             kernel="triton" if use_triton(torch.empty(0, device=device)) else "CPU path",
         ),
         rows=rows,
