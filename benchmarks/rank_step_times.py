@@ -16,7 +16,9 @@ is its entry less the earliest rank's; the step's interval is one entry to the n
 that enters late makes the others wait in the step's all-reduces (their device time grows),
 which is what a profile's all-reduce kernels show without saying which rank or why. The
 first call (the prefill) is summarised apart (its host time by phase: a lone prompt's time
-to first token), the others as decode steps.
+to first token), the others as decode steps. Where each rank's process runs: its CPU affinity
+and its parent's (the engine core's, under the multiprocessing executor), and the CPU each
+step entered on (a late rank's process may share a core with another's busy loop).
 
     python benchmarks/rank_step_times.py --model nemotron-h-8b --tensor-parallel-size 4
     VLLM_CPU_OMP_THREADS_BIND="0|1" python benchmarks/rank_step_times.py --model dense \\
@@ -29,7 +31,10 @@ rank-step-times-<model>-<state dtype>-b<batch>-tp<N>-<device>.json and its .png.
 from __future__ import annotations
 
 import argparse
+import collections
+import ctypes
 import json
+import os
 import statistics
 import sys
 import time
@@ -104,9 +109,12 @@ def start_timer(worker) -> None:
     if getattr(runner, "cudagraph_dispatcher", None) is not None:
         wrap(runner.cudagraph_dispatcher, "dispatch", recording_mode)
 
+    sched_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu  # glibc: ~1 us a call
+
     def recording_step(original):
         def timed(*args, **kwargs):
             enter = time.monotonic_ns()
+            cpu = sched_getcpu()
             tokens = getattr(args[0], "total_num_scheduled_tokens", None) if args else None
             first_mode = len(modes)
             phases.clear()
@@ -121,7 +129,8 @@ def start_timer(worker) -> None:
                     end.record()
                 mode = modes[-1] if len(modes) > first_mode else None
                 step_phases = {k: round(v, 1) for k, v in phases.items()}
-                records.append((enter, time.monotonic_ns(), start, end, tokens, mode, step_phases))
+                leave = time.monotonic_ns()
+                records.append((enter, leave, start, end, tokens, mode, step_phases, cpu))
 
         return timed
 
@@ -131,7 +140,7 @@ def start_timer(worker) -> None:
 
 def stop_timer(worker) -> list[tuple]:
     """In each worker: restores what start_timer wrapped; per call (entry ns, return ns,
-    device us, scheduled tokens, CUDA-graph mode, host us by phase)."""
+    device us, scheduled tokens, CUDA-graph mode, host us by phase, CPU at entry)."""
     import torch
 
     records, restores = worker.nemotron_h_step_times
@@ -143,6 +152,18 @@ def stop_timer(worker) -> list[tuple]:
         (enter, leave, None if start is None else 1e3 * start.elapsed_time(end), *rest)
         for enter, leave, start, end, *rest in records
     ]
+
+
+def placement(worker) -> dict:
+    """In each worker: the CPUs its process and its parent (the engine core under the
+    multiprocessing executor; the driver under ``uni``) may run on."""
+    parent = os.getppid()
+    return dict(
+        pid=os.getpid(),
+        affinity=sorted(os.sched_getaffinity(0)),
+        parent_pid=parent,
+        parent_affinity=sorted(os.sched_getaffinity(parent)),
+    )
 
 
 def child(model: str, state_dtype: str, batch: int, decode_steps: int, tp: int) -> dict:
@@ -162,6 +183,7 @@ def child(model: str, state_dtype: str, batch: int, decode_steps: int, tp: int) 
         model_class=llm.apply_model(model_class_name)[0],
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         ranks=llm.collective_rpc(stop_timer),
+        placement=llm.collective_rpc(placement),
     )
 
 
@@ -204,6 +226,8 @@ def summary(ranks: list[list[tuple]]) -> dict:
                 last_share=round(last.count(rank) / len(last), 3),
                 **times(decode),
                 by_mode={m: by_phase([c for c in decode if str(c[4]) == m]) for m in modes},
+                # the CPUs its decode steps entered on, most used first: [cpu, steps]
+                entry_cpus=collections.Counter(c[6] for c in decode).most_common(4),
                 prefill=by_phase(calls[:1]),
             )
         )
@@ -228,6 +252,11 @@ def print_table(res: dict[str, dict]) -> None:
         s = r["summary"]
         for rank, row in enumerate(s["ranks"]):
             print(f"{name:18}{rank:>5}" + "".join(f"{str(row[c]):>18}" for c in cols))
+            where = r["placement"][rank]
+            print(
+                f"{'':18}{'':>5}  entry CPUs [cpu, steps] {row['entry_cpus']}; affinity "
+                f"{compact(where['affinity'])}, parent's {compact(where['parent_affinity'])}"
+            )
             groups = {"prefill": row["prefill"], **row["by_mode"]}
             for label, m in groups.items():
                 print(
@@ -237,6 +266,17 @@ def print_table(res: dict[str, dict]) -> None:
                 for phase, us in m["host_us_by_phase"].items():
                     print(f"{'':36}{phase:54}{us:>10} us")
         print(f"{'':18}step interval (median) {s['step_interval_us_median']} us")
+
+
+def compact(cpus: list[int]) -> str:
+    """0,1,2,3,8 -> 0-3,8"""
+    runs: list[list[int]] = []
+    for c in cpus:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def plot(res: dict[str, dict], path: Path) -> None:
