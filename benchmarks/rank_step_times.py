@@ -43,6 +43,8 @@ from pathlib import Path
 # benchmarks/ is this script's directory
 from e2e import RESULTS, build_llm, device_tag, random_prompts, run_impl
 
+from vllm_nemotron_h.model_executor.decode_plan import integer_runs
+
 # Runner methods timed inside each step where the installed vLLM has them, and every attention
 # metadata builder's build: where a step's host time goes, without the profiler.
 RUNNER_PHASES = (
@@ -109,7 +111,7 @@ def start_timer(worker) -> None:
     if getattr(runner, "cudagraph_dispatcher", None) is not None:
         wrap(runner.cudagraph_dispatcher, "dispatch", recording_mode)
 
-    sched_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu  # glibc: ~1 us a call
+    sched_getcpu = ctypes.CDLL(None).sched_getcpu  # glibc: ~1 us a call
 
     def recording_step(original):
         def timed(*args, **kwargs):
@@ -255,7 +257,8 @@ def print_table(res: dict[str, dict]) -> None:
             where = r["placement"][rank]
             print(
                 f"{'':18}{'':>5}  entry CPUs [cpu, steps] {row['entry_cpus']}; affinity "
-                f"{compact(where['affinity'])}, parent's {compact(where['parent_affinity'])}"
+                f"{','.join(integer_runs(where['affinity']))}, parent's "
+                f"{','.join(integer_runs(where['parent_affinity']))}"
             )
             groups = {"prefill": row["prefill"], **row["by_mode"]}
             for label, m in groups.items():
@@ -266,17 +269,6 @@ def print_table(res: dict[str, dict]) -> None:
                 for phase, us in m["host_us_by_phase"].items():
                     print(f"{'':36}{phase:54}{us:>10} us")
         print(f"{'':18}step interval (median) {s['step_interval_us_median']} us")
-
-
-def compact(cpus: list[int]) -> str:
-    """0,1,2,3,8 -> 0-3,8"""
-    runs: list[list[int]] = []
-    for c in cpus:
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def plot(res: dict[str, dict], path: Path) -> None:

@@ -37,11 +37,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from vllm_nemotron_h.ops import selective_state_update  # noqa: E402
-from vllm_nemotron_h.ops.deferred_state_update import (  # noqa: E402
-    DeferredState,
-    deferred_state_update,
-)
-from vllm_nemotron_h.ops.deferred_state_update.layout import ring_dtypes, ring_shapes  # noqa: E402
+from vllm_nemotron_h.ops.deferred_state_update import deferred_state_update  # noqa: E402
+from vllm_nemotron_h.ops.deferred_state_update.layout import with_empty_rings  # noqa: E402
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep  # noqa: E402
 from vllm_nemotron_h.ops.state_format import dequantize  # noqa: E402
 from vllm_nemotron_h.ops.support import use_triton  # noqa: E402
@@ -93,18 +90,6 @@ def inputs(
     )
 
 
-def deferred(state: torch.Tensor, scale: torch.Tensor | None, groups: int, ring: int):
-    """A deferred state around ``state`` (and its scales) as checkpoint, the rings empty;
-    activations in fp32, as this script passes them."""
-    batch, heads, head_dim, d_state = state.shape
-    shapes = ring_shapes(heads, head_dim, d_state, groups, ring)
-    rings = (
-        torch.zeros(batch, *shape, dtype=dtype, device=state.device)
-        for shape, dtype in zip(shapes, ring_dtypes(torch.float32), strict=True)
-    )
-    return DeferredState(state, scale, *rings)
-
-
 def drift(
     shape: str,
     fmt: str,
@@ -130,7 +115,9 @@ def drift(
         scale = torch.zeros(batch, heads, head_dim, dtype=torch.float32, device=device)
     ref = torch.zeros(batch, heads, head_dim, d_state, dtype=torch.float64, device=device)
     A32, D32, bias32 = (layer[k].float() for k in ("A", "D", "dt_bias"))
-    rings = deferred(state, scale, groups, ring) if ring else None
+    # activations in fp32, as this script passes them
+    rings = with_empty_rings(state, scale, groups, ring, torch.float32) if ring else None
+    first_measured = ring or 1  # with a ring: its first write-back
     curve = []
     for t in range(steps):
         x, dt, B, C = (seq[k][t] for k in ("x", "dt", "B", "C"))
@@ -148,7 +135,7 @@ def drift(
         ref.mul_(torch.exp(layer["A"] * dt_f)[..., None, None]).add_(
             (dt_f[..., None] * x)[..., None] * Bh[:, :, None, :]
         )
-        if (t + 1) % every == 0 or t + 1 == ring or (t == 0 and not ring):
+        if (t + 1) % every == 0 or t + 1 == first_measured:
             y_ref = (ref * Ch[:, :, None, :]).sum(-1) + layer["D"][:, None] * x
             stored = state.double() if scale is None else dequantize(state, scale.double())
             err = stored - ref

@@ -19,7 +19,7 @@ from vllm_nemotron_h.model_executor.native_cpu_decode import (
     mamba2_decode_native,
 )
 from vllm_nemotron_h.ops import DecodeWorkspace, flush_deferred_state, launch_config, mamba2_decode
-from vllm_nemotron_h.ops.deferred_state_update.layout import DeferredState, ring_dtypes, ring_shapes
+from vllm_nemotron_h.ops.deferred_state_update.layout import with_empty_rings
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
@@ -146,16 +146,6 @@ def test_int8_state_matches_reference(device, fuse):
             check(device, shape, batch, torch.int8, act, fuse=fuse)
 
 
-def empty_rings(ssm_state: torch.Tensor, ngroups: int, act: torch.dtype, ring: int):
-    num_slots, nheads, head_dim, d_state = ssm_state.shape
-    shapes = ring_shapes(nheads, head_dim, d_state, ngroups, ring)
-    rings = [
-        torch.zeros((num_slots, *shape), dtype=dtype, device=ssm_state.device)
-        for shape, dtype in zip(shapes, ring_dtypes(act))
-    ]
-    return DeferredState(ssm_state, None, *rings)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_deferred_writes_match_the_per_step_tail(device):
     """The tail with deferred writes (ring of 4) over 11 tokens: each token's output as the
@@ -165,7 +155,7 @@ def test_deferred_writes_match_the_per_step_tail(device):
     act = torch.float32
     t = make_inputs(device, batch, shape, torch.float32, act)
     per_step = {**t, "conv_state": t["conv_state"].clone(), "ssm_state": t["ssm_state"].clone()}
-    deferred = empty_rings(t["ssm_state"], shape[3], act, ring)
+    deferred = with_empty_rings(t["ssm_state"], None, shape[3], ring, act)
     for _ in range(11):
         token = make_inputs(device, batch, shape, torch.float32, act)
         for run in (t, per_step):
@@ -194,7 +184,7 @@ def test_deferred_writes_take_the_per_step_update_where_deferring_does_not_pay(d
     nheads, head_dim, _, ngroups = shape
     t = make_inputs(device, 3, shape, torch.float32, act)
     per_step = {**t, "conv_state": t["conv_state"].clone(), "ssm_state": t["ssm_state"].clone()}
-    deferred = empty_rings(t["ssm_state"], ngroups, act, ring)
+    deferred = with_empty_rings(t["ssm_state"], None, ngroups, ring, act)
     dev = torch.device(device)
     weights = LayerWeights(
         t["conv_weight"], t["conv_bias"], t["A"], t["D"], t["dt_bias"],

@@ -139,10 +139,7 @@ class DecodePlan:
 def log_deferring(shape: DecodeShape, writes_every_token: tuple[bool, ...]) -> None:
     """Once per process and layer shape: at which batch sizes deferred writes defer."""
     deferring = [batch for batch, every in enumerate(writes_every_token) if batch and not every]
-    spans = [
-        f"{first}-{last}" if last > first else str(first)
-        for first, last in _spans(deferring)
-    ]  # fmt: skip
+    spans = integer_runs(deferring)
     state = str(shape.state_dtype).removeprefix("torch.")
     plugin_logger().info(
         f"vllm-nemotron-h: deferred state writes (ring {shape.ring_size}, {state} state, "
@@ -153,15 +150,15 @@ def log_deferring(shape: DecodeShape, writes_every_token: tuple[bool, ...]) -> N
     )
 
 
-def _spans(values: list[int]) -> list[tuple[int, int]]:
-    """Runs of consecutive integers as (first, last)."""
+def integer_runs(values: list[int]) -> list[str]:
+    """Ascending integers as runs of consecutive ones: [1, 2, 3, 8] -> ["1-3", "8"]."""
     spans: list[tuple[int, int]] = []
     for v in values:
         if spans and spans[-1][1] == v - 1:
             spans[-1] = (spans[-1][0], v)
         else:
             spans.append((v, v))
-    return spans
+    return [f"{first}-{last}" if last > first else str(first) for first, last in spans]
 
 
 @dataclass

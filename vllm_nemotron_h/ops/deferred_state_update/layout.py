@@ -64,3 +64,20 @@ def ring_shapes(
 def ring_dtypes(activation_dtype: torch.dtype) -> tuple[torch.dtype, ...]:
     """Dtypes of (ring_x, ring_dt, ring_B, ring_len)."""
     return (activation_dtype, torch.float32, activation_dtype, torch.int32)
+
+
+def with_empty_rings(
+    checkpoint: torch.Tensor,
+    checkpoint_scale: torch.Tensor | None,
+    ngroups: int,
+    ring_size: int,
+    activation_dtype: torch.dtype,
+) -> DeferredState:
+    """A deferred state around ``checkpoint`` (and its int8 scales), every ring empty."""
+    num_slots, nheads, head_dim, d_state = checkpoint.shape
+    shapes = ring_shapes(nheads, head_dim, d_state, ngroups, ring_size)
+    rings = (
+        torch.zeros((num_slots, *shape), dtype=dtype, device=checkpoint.device)
+        for shape, dtype in zip(shapes, ring_dtypes(activation_dtype), strict=True)
+    )
+    return DeferredState(checkpoint, checkpoint_scale, *rings)
