@@ -77,12 +77,13 @@ def windows(stream: list[int], length: int, limit: int | None) -> list[list[int]
     return cut[:limit] if limit else cut
 
 
-def greedy_prompts(model_dir: Path, n: int) -> list[list[int]]:
+def greedy_prompts(model_dir: Path, n: int, length: int = PROMPT_TOKENS) -> list[list[int]]:
+    """The first ``length`` tokens of each of the first ``n`` held-out files long enough."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    docs = [d for d in heldout_documents(model_dir) if len(d) > 4 * PROMPT_TOKENS][:n]
-    return [tok.encode(d).ids[:PROMPT_TOKENS] for d in docs]
+    docs = [d for d in heldout_documents(model_dir) if len(d) > 4 * length][:n]
+    return [tok.encode(d).ids[:length] for d in docs]
 
 
 def scored(prompt_logprobs, tokens: list[int]) -> list[float]:

