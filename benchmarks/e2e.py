@@ -141,18 +141,18 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
     return LLM(**args)
 
 
-def prompts_of(model: str, llm, batch: int, gen) -> list[dict]:
-    """``batch`` prompts of PROMPT_LEN tokens: held-out files' for the shipped model, else
-    random token ids."""
+def shipped_prompts(batch: int) -> list[dict]:
+    """``batch`` prompts of PROMPT_LEN tokens for the shipped model: held-out files' first."""
+    from accuracy import MODEL, greedy_prompts
+
+    prompts = greedy_prompts(MODEL, batch, PROMPT_LEN)
+    if len(prompts) < batch:
+        raise ValueError(f"the held-out files give {len(prompts)} prompts, {batch} asked")
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+def random_prompts(llm, batch: int, gen) -> list[dict]:
     import torch
-
-    if model == SHIPPED:
-        from accuracy import MODEL, greedy_prompts
-
-        prompts = greedy_prompts(MODEL, batch, PROMPT_LEN)
-        if len(prompts) < batch:
-            raise ValueError(f"the held-out files give {len(prompts)} prompts, {batch} asked")
-        return [{"prompt_token_ids": p} for p in prompts]
 
     vocab = llm.llm_engine.model_config.get_vocab_size()
     return [
@@ -244,7 +244,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
         batches={},
     )
     for b in batches:
-        prompts = prompts_of(model, llm, b, gen)
+        prompts = shipped_prompts(b) if model == SHIPPED else random_prompts(llm, b, gen)
 
         def timed(n: int) -> float:
             p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
