@@ -10,7 +10,7 @@
 #   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
 #   e2e-8b-b1 (its B=1 row alone), e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
-#   engine: each rank's kernels per decode step, both implementations), host-8b-b1 (the
+#   engine, or PROFILE_BATCHES from the environment: each rank's kernels per decode step, both implementations), host-8b-b1 (the
 #   8B at B=1 with every rank's host time by op), rank-times-8b-b1 (rank_step_times.py: when
 #   each rank enters each B=1 step and its host time by runner phase, no profiler, ROUNDS engines each); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
 #   in the environment: the e2e rows from N engines per implementation, alternating.
@@ -49,9 +49,11 @@ for s in "$@"; do
     e2e-30b) step e2e-30b e2e --models nano-v3-30b --state-dtypes float32 --batches 128 \
       --moe-routing uniform_random ;;
     profile-8b) step profile-8b python3 benchmarks/step_profile.py --model nemotron-h-8b \
-      --state-dtype float32 --batches 1,128 --tensor-parallel-size "$tp" --output-dir "$out" ;;
+      --state-dtype float32 --batches "${PROFILE_BATCHES:-1,128}" --tensor-parallel-size "$tp" \
+      --output-dir "$out" ;;
     profile-9b) step profile-9b python3 benchmarks/step_profile.py --model nano-9b-v2 \
-      --state-dtype bfloat16 --batches 1,128 --tensor-parallel-size "$tp" --output-dir "$out" ;;
+      --state-dtype bfloat16 --batches "${PROFILE_BATCHES:-1,128}" --tensor-parallel-size "$tp" \
+      --output-dir "$out" ;;
     host-8b-b1) step host-8b-b1 python3 benchmarks/step_profile.py --model nemotron-h-8b \
       --state-dtype float32 --batches 1 --host --tensor-parallel-size "$tp" \
       --output-dir "$out/host" ;;

@@ -2,6 +2,7 @@ import contextlib
 
 import pytest
 import torch
+import triton
 from helpers import (
     DEVICES,
     TOL,
@@ -20,8 +21,11 @@ from vllm_nemotron_h.model_executor.native_cpu_decode import (
 )
 from vllm_nemotron_h.ops import DecodeWorkspace, flush_deferred_state, launch_config, mamba2_decode
 from vllm_nemotron_h.ops.deferred_state_update.layout import with_empty_rings
+from vllm_nemotron_h.ops.mamba2_decode import interface as decode_op
 from vllm_nemotron_h.ops.mamba2_decode.cpu import mamba2_decode_cpu
+from vllm_nemotron_h.ops.mamba2_decode.interface import DecodeLaunch
 from vllm_nemotron_h.ops.mamba2_decode.reference import mamba2_decode_reference
+from vllm_nemotron_h.ops.mamba2_speculative_decode import interface as speculative_op
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.state_format import dequantize
 from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape
@@ -224,6 +228,95 @@ def test_deferred_writes_take_the_per_step_update_where_deferring_does_not_pay(d
         layer.flush_all_rings()
     live = t["state_slots"][1:]
     assert rel_err(t["ssm_state"][live], per_step["ssm_state"][live]) < TOL[torch.float32]
+
+
+def launch_plan(device: str, mode: str, max_batch: int, shape: tuple, tokens: int):
+    """A layer's plan for ``max_batch`` rows (per-step writes, deferred writes with a ring of
+    4, or speculative decoding with ``tokens`` tokens a row), its inputs and its states."""
+    nheads, head_dim, _, ngroups = shape
+    case = LayerCase(draw(device), MambaShape(*shape), max_batch, torch.float32, torch.float32)
+    t = case.speculative(tokens, full=True) if mode == "speculative" else case.decode()
+    deferred = None
+    if mode == "deferred":
+        deferred = with_empty_rings(t["ssm_state"], None, ngroups, 4, torch.float32)
+    weights = LayerWeights(
+        t["conv_weight"], t["conv_bias"], t["A"], t["D"], t["dt_bias"],
+        GroupNorm(t["norm_weight"], nheads * head_dim // ngroups, 1e-5), decode_norm=True,
+    )  # fmt: skip
+    draft_tokens = tokens - 1 if mode == "speculative" else 0
+    plan = DecodePlan(max_batch, nheads, head_dim, torch.device(device), draft_tokens)
+    if plan.workspace is None:  # the interpreter's fused launch needs one too
+        plan.workspace = DecodeWorkspace.allocate(max_batch, nheads, head_dim, device)
+    out = torch.empty_like(t["z"])
+    layer = LayerPlan(
+        plan, weights, None, t["conv_state"], t["ssm_state"], None, deferred, t["xbc"], t["dt"],
+        t["z"], out, 0,
+    )  # fmt: skip
+    return plan, layer, t, out, deferred
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["per-step", "deferred", "speculative"])
+def test_plan_compiles_every_launch_on_null_rows(device, mode, monkeypatch):
+    """A layer's plan runs each distinct launch of its table once on rows of the null slot
+    (on a GPU when it is made; in the interpreter, where nothing compiles, when asked): no
+    state, ring or arrival counter moves, and afterwards no decode step of any batch size
+    compiles a kernel (an eager step, e.g. mixed prefill and decode rows, would otherwise
+    compile in the middle of serving)."""
+    shape, max_batch = (CPU_SHAPES[0], 4) if device == "cpu" else (GPU_SHAPES[2], 32)
+    tokens = 3 if mode == "speculative" else 1
+    # The fused tail up to 2 rows in the interpreter: more than one distinct launch.
+    fused_max = 2 * shape[0] if device == "cpu" else None
+    ran = []
+    for op in (decode_op, speculative_op):
+        real = op.run
+
+        def recording(*args, real=real):
+            launch = args[0]
+            if isinstance(launch, DecodeLaunch):  # decode_op.run(launch, layer, step, ws)
+                ran.append((launch, args[1].deferred is not None))
+            else:  # speculative_op.run(layer, step, configs)
+                ran.append(args[2])
+            return real(*args)
+
+        monkeypatch.setattr(op, "run", recording)
+    with contextlib.ExitStack() as stack:
+        if fused_max is not None:
+            stack.enter_context(
+                launch_config.overridden("mamba2_decode_fused_max_batch_heads", fused_max)
+            )
+        plan, layer, t, out, deferred = launch_plan(device, mode, max_batch, shape, tokens)
+        states = [t["conv_state"], t["ssm_state"], plan.workspace.counters]
+        states += [deferred.ring_len, deferred.ring_x] if deferred is not None else []
+        before = [s.clone() for s in states]
+        if device == "cpu":
+            layer.compile_launches(t["xbc"], t["dt"], t["z"], out)
+        if mode == "speculative":
+            table = {(launch.conv_config, launch.ssu_config) for launch, _ in layer.launches[1:]}
+        else:
+            table = {(launch, lyr.deferred is not None) for launch, lyr in layer.launches[1:]}
+        assert set(ran) == table
+        assert len(ran) == len(table), "each distinct launch runs once"
+        if device == "cpu" and mode != "speculative":  # its conv and state tiles are one here
+            assert len(table) > 1, "the test needs a table of several launches"
+        for got, want in zip(states, before):
+            assert torch.equal(got, want), "the null rows moved a state, ring or counter"
+        compiled = []
+        hook = lambda **info: compiled.append(info["repr"].split("[")[0])  # noqa: E731
+        monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", hook)
+        for rows in range(1, max_batch + 1):
+            if mode == "speculative":
+                n = rows * tokens
+                layer.decode_speculative(
+                    t["xbc"][:n], t["dt"][:n], t["z"][:n], out[:n], t["state_slots"][:rows],
+                    t["query_start"][: rows + 1], t["num_accepted"][:rows],
+                )  # fmt: skip
+                continue
+            if plan.must_flush_rings_before(rows):  # as the metadata builder asks, per step
+                layer.flush_all_rings()
+            slots = t["state_slots"][:rows]
+            layer.decode(t["xbc"][:rows], t["dt"][:rows], t["z"][:rows], out[:rows], slots)
+        assert compiled == [], f"compiled in a decode step: {sorted(set(compiled))}"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -150,6 +150,20 @@ def log_deferring(shape: DecodeShape, writes_every_token: tuple[bool, ...]) -> N
     )
 
 
+def rows_on_new_storage(rows: int, *views: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``views`` (of one storage) with ``rows`` rows each, on new zeroed storage, with their
+    strides and storage offsets."""
+    size = max(
+        v.storage_offset() + 1 + (rows - 1) * v.stride(0)
+        + sum((n - 1) * s for n, s in zip(v.shape[1:], v.stride()[1:]))
+        for v in views
+    )  # fmt: skip
+    storage = views[0].new_zeros(size)
+    return tuple(
+        storage.as_strided((rows, *v.shape[1:]), v.stride(), v.storage_offset()) for v in views
+    )
+
+
 def integer_runs(values: list[int]) -> list[str]:
     """Ascending integers as runs of consecutive ones: [1, 2, 3, 8] -> ["1-3", "8"]."""
     spans: list[tuple[int, int]] = []
@@ -245,6 +259,8 @@ class LayerPlan:
             self.flush_config = deferred_op.launch_config(
                 xbc.device, self.shape.head_dim, self.shape.d_state, ssm_state.dtype, 1
             )
+        if xbc.is_cuda and not torch.cuda.is_current_stream_capturing():
+            self.compile_launches(xbc, dt, gate, out)
         native = not self.on_triton and runs_native_cpu_decode(
             ssm_scale is not None, deferred is not None
         )
@@ -256,6 +272,43 @@ class LayerPlan:
         if self.native is not None and self.draft_tokens:
             width = w.conv_weight.shape[1]
             self.one_token_layer = replace(self.layer, conv_state=conv_state[..., : width - 1])
+
+    def compile_launches(
+        self, xbc: torch.Tensor, dt: torch.Tensor, gate: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """Runs each distinct launch of the layer's table once on rows of the null slot (no
+        state is read or written, the workspace's counters end at zero), on new rows laid
+        out as ``xbc``, ``dt``, ``gate`` and ``out`` (strides, storage offsets: what Triton
+        specializes on), so that every launch config compiles now, outside any CUDA graph.
+        Otherwise a config first met in an eager step (mixed prefill and decode rows, a
+        batch size outside the captured ones) compiles in the middle of serving."""
+        first_batch: dict[tuple, int] = {}
+        for batch, (launch, layer) in enumerate(self.launches):
+            if self.draft_tokens:
+                key = (launch.conv_config, launch.ssu_config[:2])
+            else:
+                key = (launch, id(layer))
+            first_batch.setdefault(key, max(batch, 1))
+        tokens = 1 + self.draft_tokens
+        for batch in sorted(set(first_batch.values())):
+            launch, layer = self._launch(batch)
+            step_xbc, step_dt, step_gate = rows_on_new_storage(batch * tokens, xbc, dt, gate)
+            (step_out,) = rows_on_new_storage(batch * tokens, out)
+            slots = torch.full(
+                (batch, tokens), self.layer.null_slot, dtype=torch.int64, device=xbc.device
+            )
+            if self.draft_tokens:
+                starts = torch.arange(0, batch * tokens + 1, tokens, device=xbc.device)
+                step = SpeculativeStep(
+                    step_xbc, step_dt, step_gate, slots, starts, torch.ones_like(slots[:, 0]),
+                    step_out,
+                )  # fmt: skip
+                speculative_op.run(self.layer, step, (launch.conv_config, launch.ssu_config))
+            else:
+                step = DecodeStep(step_xbc, step_dt, step_gate, slots[:, 0], step_out)
+                decode_op.run(launch, layer, step, self.workspace)
+        if self.deferred is not None:  # the flush of a prefill's rows
+            self.flush_rings(slots[:1, 0])
 
     def decode(
         self,
