@@ -10,7 +10,10 @@ projection) with the ops' own checks, then per step it launches the kernels dire
 runs the CPU paths): the decode tail, the prefill's initial-state gather and its tail (the
 gated group norm and the final states into their slots, ops/mamba2_prefill_tail).
 With deferred writes the plan also writes a prefill's rings into their states before it
-reads them, and empties them after it writes the final states.
+reads them, and empties them after it writes the final states. Made on a GPU outside a CUDA
+graph capture (vLLM's warm-up runs before it captures), a layer's plan runs each distinct
+launch of its table once on rows of the null slot, so that Triton compiles them all at
+engine start (``LayerPlan.compile_launches``).
 
 Deferred writes pay where the state update dominates and the deferred update beats the
 per-step one of the same format: at the batch sizes where the device table fuses the whole
