@@ -285,15 +285,15 @@ class LayerPlan:
         specializes on), so that every launch config compiles now, outside any CUDA graph.
         Otherwise a config first met in an eager step (mixed prefill and decode rows, a
         batch size outside the captured ones) compiles in the middle of serving."""
-        first_batch: dict[tuple, int] = {}
-        for batch, (launch, layer) in enumerate(self.launches):
-            if self.draft_tokens:
+        first_batch: dict[tuple, int] = {}  # each distinct launch's smallest batch
+        for batch, (launch, layer) in enumerate(self.launches[1:], start=1):
+            if self.draft_tokens:  # the speculative kernels take the conv and state configs
                 key = (launch.conv_config, launch.ssu_config[:2])
             else:
                 key = (launch, id(layer))
-            first_batch.setdefault(key, max(batch, 1))
+            first_batch.setdefault(key, batch)
         tokens = 1 + self.draft_tokens
-        for batch in sorted(set(first_batch.values())):
+        for batch in first_batch.values():
             launch, layer = self._launch(batch)
             step_xbc, step_dt, step_gate = rows_on_new_storage(batch * tokens, xbc, dt, gate)
             (step_out,) = rows_on_new_storage(batch * tokens, out)
