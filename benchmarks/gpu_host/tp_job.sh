@@ -9,7 +9,10 @@
 # Usage: bash benchmarks/gpu_host/tp_job.sh LOG_DIR [STEP ...]
 #   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
-#   e2e-8b-b1 (its B=1 row alone), e2e-9b, e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
+#   e2e-8b-b1 (its B=1 row alone), e2e-9b, e2e-9b-b128 (the plugin's 9B B=128 row alone),
+#   tree=DIR (that row from the vllm_nemotron_h and benchmarks/e2e.py of another commit,
+#   extracted with `git archive C vllm_nemotron_h benchmarks/e2e.py benchmarks/accuracy.py
+#   pyproject.toml | tar -x -C DIR` and carried: a before/after on one host), e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
 #   engine, or PROFILE_BATCHES from the environment: each rank's kernels per decode step, both implementations), host-8b-b1 (the
 #   8B at B=1 with every rank's host time by op), rank-times-8b-b1 (rank_step_times.py: when
 #   each rank enters each B=1 step and its host time by runner phase, no profiler, ROUNDS engines each); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
@@ -46,6 +49,13 @@ for s in "$@"; do
     e2e-8b) step e2e-8b e2e --models nemotron-h-8b --state-dtypes float32 --batches 1,64,128 ;;
     e2e-8b-b1) step e2e-8b-b1 e2e --models nemotron-h-8b --state-dtypes float32 --batches 1 ;;
     e2e-9b) step e2e-9b e2e --models nano-9b-v2 --state-dtypes bfloat16 --batches 1,64,128 ;;
+    e2e-9b-b128) step e2e-9b-b128 e2e --impls plugin --models nano-9b-v2 --state-dtypes bfloat16 \
+      --batches 128 ;;
+    tree=*)  # the same row from another commit's package and e2e.py (a `git archive` tree)
+      t=${s#tree=}; name=tree-$(basename "$t")
+      step "$name" bash -c "cd '$t' && PYTHONPATH=\$PWD:\$PYTHONPATH python3 benchmarks/e2e.py \
+        --tensor-parallel-size $tp --repeats 5 --impls plugin --models nano-9b-v2 \
+        --state-dtypes bfloat16 --batches 128 --output '$out/e2e-$name.json'" ;;
     e2e-30b) step e2e-30b e2e --models nano-v3-30b --state-dtypes float32 --batches 128 \
       --moe-routing uniform_random ;;
     profile-8b) step profile-8b python3 benchmarks/step_profile.py --model nemotron-h-8b \
