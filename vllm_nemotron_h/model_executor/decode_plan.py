@@ -153,6 +153,12 @@ def log_deferring(shape: DecodeShape, writes_every_token: tuple[bool, ...]) -> N
     )
 
 
+def speculative_configs(launch: DecodeLaunch) -> tuple[tuple[int, int], tuple[int, int]]:
+    """What the speculative decode kernels take of a batch's launch: the conv config and the
+    state update's (BLOCK_M, num_warps) (their token loop runs one tile a program)."""
+    return launch.conv_config, launch.ssu_config[:2]
+
+
 def rows_on_new_storage(rows: int, *views: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``views`` (of one storage) with ``rows`` rows each, on new zeroed storage, with their
     strides and storage offsets."""
@@ -287,10 +293,7 @@ class LayerPlan:
         batch size outside the captured ones) compiles in the middle of serving."""
         first_batch: dict[tuple, int] = {}  # each distinct launch's smallest batch
         for batch, (launch, layer) in enumerate(self.launches[1:], start=1):
-            if self.draft_tokens:  # the speculative kernels take the conv and state configs
-                key = (launch.conv_config, launch.ssu_config[:2])
-            else:
-                key = (launch, id(layer))
+            key = speculative_configs(launch) if self.draft_tokens else (launch, id(layer))
             first_batch.setdefault(key, batch)
         tokens = 1 + self.draft_tokens
         for batch in first_batch.values():
@@ -306,7 +309,7 @@ class LayerPlan:
                     step_xbc, step_dt, step_gate, slots, starts, torch.ones_like(slots[:, 0]),
                     step_out,
                 )  # fmt: skip
-                speculative_op.run(self.layer, step, (launch.conv_config, launch.ssu_config))
+                speculative_op.run(self.layer, step, speculative_configs(launch))
             else:
                 step = DecodeStep(step_xbc, step_dt, step_gate, slots[:, 0], step_out)
                 decode_op.run(launch, layer, step, self.workspace)
@@ -367,7 +370,7 @@ class LayerPlan:
             mamba2_speculative_decode_cpu(self.layer, step, rows=live_rows)
             return
         launch = self._launch(state_slots.shape[0])[0]
-        speculative_op.run(self.layer, step, (launch.conv_config, launch.ssu_config))
+        speculative_op.run(self.layer, step, speculative_configs(launch))
 
     def _launch(self, batch: int) -> tuple[DecodeLaunch, DecodeLayer]:
         if batch < len(self.launches):
