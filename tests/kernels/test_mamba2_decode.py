@@ -176,6 +176,15 @@ def test_deferred_writes_match_the_per_step_tail(device):
     assert (deferred.ring_len[slots] == 0).all()
 
 
+def layer_weights(t: dict, shape: tuple) -> LayerWeights:
+    """A layer plan's weights from the decode inputs ``t`` of ``shape``, the norm in the tail."""
+    nheads, head_dim, _, ngroups = shape
+    norm = GroupNorm(t["norm_weight"], nheads * head_dim // ngroups, 1e-5)
+    return LayerWeights(
+        t["conv_weight"], t["conv_bias"], t["A"], t["D"], t["dt_bias"], norm, decode_norm=True
+    )
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_deferred_writes_take_the_per_step_update_where_deferring_does_not_pay(device):
     """A layer's plan with deferred writes (ring of 4, the fused tail off) where the device
@@ -190,10 +199,7 @@ def test_deferred_writes_take_the_per_step_update_where_deferring_does_not_pay(d
     per_step = {**t, "conv_state": t["conv_state"].clone(), "ssm_state": t["ssm_state"].clone()}
     deferred = with_empty_rings(t["ssm_state"], None, ngroups, ring, act)
     dev = torch.device(device)
-    weights = LayerWeights(
-        t["conv_weight"], t["conv_bias"], t["A"], t["D"], t["dt_bias"],
-        GroupNorm(t["norm_weight"], nheads * head_dim // ngroups, 1e-5), decode_norm=True,
-    )  # fmt: skip
+    weights = layer_weights(t, shape)
     key = f"{head_dim},{shape[2]},4"
     tables = {"mamba2_decode_fused_max_batch_heads": 0,
               "deferred_state_update_pays": {key: [[2 * nheads, 0], [None, 1]]}}  # fmt: skip
@@ -239,10 +245,7 @@ def launch_plan(device: str, mode: str, max_batch: int, shape: tuple, tokens: in
     deferred = None
     if mode == "deferred":
         deferred = with_empty_rings(t["ssm_state"], None, ngroups, 4, torch.float32)
-    weights = LayerWeights(
-        t["conv_weight"], t["conv_bias"], t["A"], t["D"], t["dt_bias"],
-        GroupNorm(t["norm_weight"], nheads * head_dim // ngroups, 1e-5), decode_norm=True,
-    )  # fmt: skip
+    weights = layer_weights(t, shape)
     draft_tokens = tokens - 1 if mode == "speculative" else 0
     plan = DecodePlan(max_batch, nheads, head_dim, torch.device(device), draft_tokens)
     if plan.workspace is None:  # the interpreter's fused launch needs one too
