@@ -52,7 +52,7 @@ for s in "$@"; do
     e2e-9b-b128) step e2e-9b-b128 e2e --impls plugin --models nano-9b-v2 --state-dtypes bfloat16 \
       --batches 128 ;;
     tree=*)  # the same row from another commit's package and e2e.py (a `git archive` tree)
-      t=${s#tree=}; name=$(unique_name "tree-$(basename "$t")")
+      t=${s#tree=}; b=$(basename "$t"); name=$(unique_name "tree-${b#tree-}")
       step "$name" bash -c "cd '$t' && PYTHONPATH=\$PWD:\$PYTHONPATH python3 benchmarks/e2e.py \
         --tensor-parallel-size $tp --repeats 5 --impls plugin --models nano-9b-v2 \
         --state-dtypes bfloat16 --batches 128 --output '$out/e2e-$name.json'" ;;
