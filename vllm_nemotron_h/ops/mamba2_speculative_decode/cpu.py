@@ -44,6 +44,12 @@ class LiveRows:
     valid_tokens: torch.Tensor
     stored_positions: torch.Tensor | None
     stored_slots: torch.Tensor
+    # for a recurrence that advances each row's state in the cache (the native one): per
+    # token position (K, n), int32, the slot each row's state is carried in (its last
+    # token's slot) and the slot the position's state is stored to, the null slot at padded
+    # positions in both; None where some token's slot is the null slot
+    carry_slots: torch.Tensor | None
+    store_slots: torch.Tensor | None
     # conv_columns' results by conv width (the layers of a step share them)
     _columns: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(
         default_factory=dict, compare=False, repr=False
@@ -64,19 +70,27 @@ class LiveRows:
             return None
         slots, starts, accepted = state_slots[rows], query_start[rows], num_accepted[rows]
         positions = torch.arange(state_slots.shape[1])
-        valid = positions < (query_start[rows + 1] - starts)[:, None]
+        lens = query_start[rows + 1] - starts
+        valid = positions < lens[:, None]
         tokens = torch.where(valid, starts[:, None] + positions, starts[:, None])
         by_position = tokens.T.contiguous()
         valid_pm = valid.T.flatten()
         stored_pm = valid_pm & (slots.T.flatten() != null_slot)
         valid_positions = None if bool(valid_pm.all()) else valid_pm.nonzero().flatten()
         stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
+        carry_slots = store_slots = None
+        if bool((stored_pm == valid_pm).all()):  # every token's slot a real one
+            null = torch.full_like(slots, null_slot)
+            last = slots.gather(1, (lens - 1)[:, None])
+            carry_slots, store_slots = (
+                torch.where(valid, v, null).T.to(torch.int32).contiguous() for v in (last, slots)
+            )
         return cls(
             slots, tokens, valid, (accepted - 1)[:, None, None],
             slots.gather(1, (accepted - 1)[:, None]).flatten(), by_position,
             torch.arange(len(rows), dtype=torch.int32), valid_positions,
             _picked(by_position.flatten(), valid_positions), stored_positions,
-            _picked(slots.T.flatten(), stored_positions),
+            _picked(slots.T.flatten(), stored_positions), carry_slots, store_slots,
         )  # fmt: skip
 
     def conv_columns(self, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
