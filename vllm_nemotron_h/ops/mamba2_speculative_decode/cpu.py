@@ -80,10 +80,10 @@ class LiveRows:
         stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
         carry_slots = store_slots = None
         if bool((stored_pm == valid_pm).all()):  # every token's slot a real one
-            null = torch.full_like(slots, null_slot)
             last = slots.gather(1, (lens - 1)[:, None])
             carry_slots, store_slots = (
-                torch.where(valid, v, null).T.to(torch.int32).contiguous() for v in (last, slots)
+                torch.where(valid, v, null_slot).T.to(torch.int32).contiguous()
+                for v in (last, slots)
             )
         return cls(
             slots, tokens, valid, (accepted - 1)[:, None, None],
