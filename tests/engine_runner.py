@@ -16,6 +16,8 @@ among the engine arguments) the engine's counters and gauges after all of it com
 logprobs come back as "logprobs", and per token of every request (the first batch, then each
 job's) how far the chosen token led the best other one, in nats, as "margins" (near 0 at a
 near-tie, which another batch's rounding may turn over).
+With "compiles" the Triton kernels compiled after the engine started (in its requests, not
+its warm-up) come back as "compiled_in_requests" (the engine in this process).
 "launch_tables" replaces entries of the plugin's launch tables (ops/launch_config.py) while the
 engine runs; it reaches the model only with the engine in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0).
@@ -51,6 +53,8 @@ def run(spec: dict) -> dict:
     params = sampling(max(counts))
     prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
     result: dict = {"model_class": llm.apply_model(model_class_name)[0]}
+    if spec.get("compiles"):
+        result["compiled_in_requests"] = compiles_from_now()
     if spec.get("profile"):
         result["profile"] = profile_decode(llm, prompts[0], params)
     outs = llm.generate(prompts, [sampling(n) for n in counts], use_tqdm=False)
@@ -82,6 +86,23 @@ def run(spec: dict) -> dict:
             if isinstance(getattr(m, "value", None), (int, float))
         }
     return result
+
+
+def compiles_from_now() -> list[str]:
+    """The Triton kernels (``module.function``) compiled in this process from now on, in
+    the order they compile (the engine must run in this process:
+    VLLM_ENABLE_V1_MULTIPROCESSING=0); a hook already installed still runs."""
+    import triton
+
+    compiled: list[str] = []
+    previous = triton.knobs.runtime.jit_post_compile_hook
+
+    def record(**info):
+        compiled.append(f"{info['fn'].module}.{info['fn'].name}")
+        return previous(**info) if previous is not None else None
+
+    triton.knobs.runtime.jit_post_compile_hook = record
+    return compiled
 
 
 def margins_of(output) -> list[float]:

@@ -15,7 +15,12 @@
 #   pyproject.toml | tar -x -C DIR` and carried: a before/after on one host), e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
 #   engine, or PROFILE_BATCHES from the environment: each rank's kernels per decode step, both implementations), host-8b-b1 (the
 #   8B at B=1 with every rank's host time by op), rank-times-8b-b1 (rank_step_times.py: when
-#   each rank enters each B=1 step and its host time by runner phase, no profiler, ROUNDS engines each); default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
+#   each rank enters each B=1 step and its host time by runner phase, no profiler, ROUNDS engines each),
+#   rank-times-9b-bN (the same for Nano 9B v2, bf16 state, at batch N), plan-tests (on GPU 0:
+#   the layer plan's warm launches, the prefill tail's and slot copies' GPU kernel tests, and
+#   the fp32 engine test, which asserts that no plugin kernel compiles in a request); with
+#   any step, each GPU's SM clock, power and temperature every second in LOG_DIR/clocks.csv;
+#   default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
 #   in the environment: the e2e rows from N engines per implementation, alternating.
 #   Every engine's log of the tests goes to LOG_DIR/engines.
 set -u
@@ -37,6 +42,9 @@ tp_case() {
     -p no:cacheprovider
 }
 echo "start $(date) $tp x $gpu_name" > "$out/progress"
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+  --format=csv -l 1 > "$out/clocks.csv" 2>&1 &
+clocks=$!
 for s in "$@"; do
   case $s in
     tests)
@@ -70,7 +78,15 @@ for s in "$@"; do
     rank-times-8b-b1) step rank-times-8b-b1 python3 benchmarks/rank_step_times.py \
       --model nemotron-h-8b --state-dtype float32 --batch 1 --tensor-parallel-size "$tp" \
       --rounds "${ROUNDS:-2}" --output-dir "$out" ;;
+    rank-times-9b-b*) step "$s" python3 benchmarks/rank_step_times.py --model nano-9b-v2 \
+      --state-dtype bfloat16 --batch "${s#rank-times-9b-b}" --tensor-parallel-size "$tp" \
+      --rounds "${ROUNDS:-1}" --output-dir "$out" ;;
+    plan-tests) step plan-tests env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -s \
+      -p no:cacheprovider tests/kernels/test_mamba2_decode.py \
+      tests/kernels/test_mamba2_prefill_tail.py tests/kernels/test_state_slot_copy.py \
+      tests/gpu/test_engine_gpu.py -k "compiles or prefill_tail or slot_copy or test_fp32_eager" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
+kill "$clocks"
 echo "end $(date)" >> "$out/progress"

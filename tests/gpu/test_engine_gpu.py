@@ -90,7 +90,9 @@ def eager_and_graphs(
     graph_engine = dict(
         engine, max_num_seqs=max_num_seqs, compilation_config={"cudagraph_capture_sizes": sizes}
     )
-    graphs = run_engine(dict(spec, engine=graph_engine), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    graphs = run_engine(
+        dict(spec, engine=graph_engine, compiles=True), VLLM_ENABLE_V1_MULTIPROCESSING="0"
+    )
     assert eager["model_class"].startswith("vllm_nemotron_h.")
     assert graphs["model_class"].startswith("vllm_nemotron_h.")
     return eager, graphs
@@ -111,6 +113,11 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
     # and transformers wherever the built-in does.
     assert eager["tokens"] == builtin["tokens"]
     assert graphs["tokens"] == eager["tokens"]
+    # With CUDA graphs the plugin's kernels compile at engine start (the layer plans' warm
+    # launches), none in a request: a compile there costs its time to first token.
+    print("Triton kernels compiled in requests:", graphs["compiled_in_requests"])
+    plugin_compiled = [k for k in graphs["compiled_in_requests"] if k.startswith("vllm_nemotron_h")]
+    assert plugin_compiled == [], f"the plugin's kernels compiled in requests: {plugin_compiled}"
     agree = agreement(builtin["tokens"], reference)
     print("tokens equal to transformers before the first difference, per prompt:", agree)
     assert sum(a == n for a, n in zip(agree, MAX_TOKENS)) >= len(PROMPTS) - 1

@@ -1,4 +1,5 @@
 import contextlib
+from dataclasses import replace
 
 import pytest
 import torch
@@ -236,16 +237,49 @@ def test_deferred_writes_take_the_per_step_update_where_deferring_does_not_pay(d
     assert rel_err(t["ssm_state"][live], per_step["ssm_state"][live]) < TOL[torch.float32]
 
 
-def launch_plan(device: str, mode: str, max_batch: int, shape: tuple, tokens: int):
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("decode_norm", [True, False])
+def test_plan_compiles_its_prefill_launches_when_made(decode_norm, monkeypatch):
+    """A layer's plan made on a GPU runs the prefill's initial-state gather and its tail once
+    (vLLM's warm-up runs no prefill) without moving a state of the cache: afterwards no
+    prefill compiles a kernel, whatever the slots' offset in vLLM's metadata (a slice at the
+    step's decode count) or stride (a column of its block table)."""
+    plan, layer, t, out, _ = launch_plan("cuda", "per-step", 8, GPU_SHAPES[2], 1, decode_norm)
+    before = t["ssm_state"].clone()
+    layer.compile_prefill_launches(t["z"], out)  # what the plan ran when it was made
+    assert torch.equal(t["ssm_state"], before), "the plan's prefill launches moved a state"
+    compiled = []
+    hook = lambda **info: compiled.append(info["repr"].split("[")[0])  # noqa: E731
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", hook)
+    metadata = torch.arange(1, 9, dtype=torch.int32, device="cuda")  # the cache's slots 1-8
+    has_initial = torch.tensor([True, False, True, True, False, True], device="cuda")
+    rows = 2
+    slot_views = [metadata[d : d + rows] for d in range(4)] + [metadata.view(4, 2)[:rows, 1]]
+    for d, slots in enumerate(slot_views):
+        initial = layer.gather_initial_states(slots, has_initial[d : d + rows])
+        if decode_norm:
+            layer.prefill_tail(out[:rows], t["z"][:rows], slots, initial)
+        else:
+            layer.scatter_final_states(slots, initial)
+    torch.cuda.synchronize()
+    assert compiled == [], f"compiled in a prefill: {sorted(set(compiled))}"
+
+
+def launch_plan(
+    device: str, mode: str, max_batch: int, shape: tuple, tokens: int, decode_norm: bool = True
+):
     """A layer's plan for ``max_batch`` rows (per-step writes, deferred writes with a ring of
-    4, or speculative decoding with ``tokens`` tokens a row), its inputs and its states."""
+    4, or speculative decoding with ``tokens`` tokens a row), its inputs and its states.
+    ``decode_norm`` False: the mixer normalises after the op (the prefill tail writes only
+    the final states)."""
     nheads, head_dim, _, ngroups = shape
     case = LayerCase(draw(device), MambaShape(*shape), max_batch, torch.float32, torch.float32)
     t = case.speculative(tokens, full=True) if mode == "speculative" else case.decode()
     deferred = None
     if mode == "deferred":
         deferred = with_empty_rings(t["ssm_state"], None, ngroups, 4, torch.float32)
-    weights = layer_weights(t, shape)
+    weights = replace(layer_weights(t, shape), decode_norm=decode_norm)
     draft_tokens = tokens - 1 if mode == "speculative" else 0
     plan = DecodePlan(max_batch, nheads, head_dim, torch.device(device), draft_tokens)
     if plan.workspace is None:  # the interpreter's fused launch needs one too

@@ -12,8 +12,9 @@ gated group norm and the final states into their slots, ops/mamba2_prefill_tail)
 With deferred writes the plan also writes a prefill's rings into their states before it
 reads them, and empties them after it writes the final states. Made on a GPU outside a CUDA
 graph capture (vLLM's warm-up runs before it captures), a layer's plan runs each distinct
-launch of its table once on rows of the null slot, so that Triton compiles them all at
-engine start (``LayerPlan.compile_launches``).
+launch of its table once on rows of the null slot, and the prefill's gather and tail once
+on a slot of new storage, so that Triton compiles them all at engine start
+(``LayerPlan.compile_launches``, ``LayerPlan.compile_prefill_launches``).
 
 Deferred writes pay where the state update dominates and the deferred update beats the
 per-step one of the same format: at the batch sizes where the device table fuses the whole
@@ -270,6 +271,7 @@ class LayerPlan:
             )
         if xbc.is_cuda and not torch.cuda.is_current_stream_capturing():
             self.compile_launches(xbc, dt, gate, out)
+            self.compile_prefill_launches(gate, out)
         native = not self.on_triton and runs_native_cpu_decode(
             ssm_scale is not None, deferred is not None
         )
@@ -315,6 +317,26 @@ class LayerPlan:
                 decode_op.run(launch, layer, step, self.workspace)
         if self.deferred is not None:  # the flush of a prefill's rows
             self.flush_rings(slots[:1, 0])
+
+    def compile_prefill_launches(self, gate: torch.Tensor, out: torch.Tensor) -> None:
+        """Runs the prefill's initial-state gather and its tail once on one row of new
+        storage laid out as the layer's (a state slot, ``gate`` and ``out`` rows: strides and
+        storage offsets), with int32 slots as vLLM's metadata holds them, so that they
+        compile at engine start: vLLM's warm-up and graph captures run no prefill, and the
+        first request's would otherwise compile them. No state of the cache is read or
+        written."""
+        (state,) = rows_on_new_storage(1, self.ssm_state)
+        scale = None if self.ssm_scale is None else rows_on_new_storage(1, self.ssm_scale)[0]
+        slots = torch.zeros(1, dtype=torch.int32, device=state.device)
+        has_initial = torch.ones(1, dtype=torch.bool, device=state.device)
+        initial = copy_kernel.gather(state, slots, has_initial, scale)
+        final = FinalStates(state, scale, slots, initial.to(self.scan_state_dtype))
+        if self.weights.decode_norm:
+            (y,) = rows_on_new_storage(1, out)
+            (step_gate,) = rows_on_new_storage(1, gate)
+            tail_kernel.launch(y, step_gate, self.weights.norm, final)
+        else:
+            tail_kernel.launch(None, None, None, final)
 
     def decode(
         self,

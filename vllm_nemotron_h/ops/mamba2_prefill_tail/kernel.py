@@ -20,8 +20,13 @@ _TILE = 4096  # state elements per program: 16 KB of fp32, as the slot copy move
 _WARPS = 4
 
 
-# norm_programs changes with every step's token count: not specialised (no compile per value)
-@triton.jit(do_not_specialize=["norm_programs"])
+# Not specialised (no compile per value): norm_programs changes with every step's token
+# count; the slots (loaded one scalar a program) are a slice of vLLM's metadata at the step's
+# decode count, or a column of its block table, so their alignment and stride vary.
+@triton.jit(
+    do_not_specialize=["norm_programs", "slot_stride"],
+    do_not_specialize_on_alignment=["slots_ptr"],
+)
 def _prefill_tail_kernel(
     y_ptr, gate_ptr, w_ptr, y_row, gate_row, group_size, groups, eps, norm_programs,
     values_ptr, state_ptr, scale_ptr, slots_ptr, slot_stride, state_slot, scale_slot,

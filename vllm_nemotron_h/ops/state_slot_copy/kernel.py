@@ -14,7 +14,12 @@ _BLOCK = 4096
 _WARPS = 8
 
 
-@triton.jit
+# Not specialised: the slots and the rows' has-initial-state flags (one scalar a program) are
+# slices of vLLM's metadata at the step's decode count, or a column of its block table, so
+# their alignment and stride vary from step to step.
+@triton.jit(
+    do_not_specialize=["slot_stride"], do_not_specialize_on_alignment=["slots_ptr", "keep_ptr"]
+)
 def _state_slot_copy_kernel(
     src_ptr,
     dst_ptr,
