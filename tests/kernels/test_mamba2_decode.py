@@ -245,7 +245,7 @@ def test_plan_compiles_its_prefill_launches_when_made(decode_norm, monkeypatch):
     (vLLM's warm-up runs no prefill) without moving a state of the cache: afterwards no
     prefill compiles a kernel, whatever the slots' offset in vLLM's metadata (a slice at the
     step's decode count) or stride (a column of its block table)."""
-    plan, layer, t, out, _ = launch_plan("cuda", "per-step", 8, GPU_SHAPES[2], 1, decode_norm)
+    _, layer, t, out, _ = launch_plan("cuda", "per-step", 8, GPU_SHAPES[2], 1, decode_norm)
     before = t["ssm_state"].clone()
     layer.compile_prefill_launches(t["z"], out)  # what the plan ran when it was made
     assert torch.equal(t["ssm_state"], before), "the plan's prefill launches moved a state"

@@ -32,11 +32,14 @@ from vllm_nemotron_h.vllm_boundary import cpu_ops
 @dataclass(frozen=True)
 class NativeDecodeParams:
     """A layer's per-head parameters as vLLM's native CPU state update reads them: dt_bias
-    and D per (head, head_dim row), A per element (expanded views, made once)."""
+    and D per (head, head_dim row), A per element (expanded views, made once); and whether
+    the installed op writes the slots it reads as well, so that a speculative step may carry
+    each row's state through them (probed once a process)."""
 
     A: torch.Tensor
     D: torch.Tensor
     dt_bias: torch.Tensor
+    carries_in_read_slots: bool
 
     @classmethod
     def of(cls, layer: DecodeLayer) -> NativeDecodeParams:
@@ -46,6 +49,7 @@ class NativeDecodeParams:
             layer.A[:, None, None].expand(*rows, d_state),
             layer.D[:, None].expand(rows),
             layer.dt_bias[:, None].expand(rows),
+            cpu_ops.state_update_writes_read_slots(),
         )
 
 
@@ -112,7 +116,7 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             )  # fmt: skip
             cpu_ops.state_update(states, one_token, write_slots=writes)
 
-        if rows.carry_slots is not None and cpu_ops.state_update_writes_read_slots():
+        if rows.carry_slots is not None and params.carries_in_read_slots:
             # The native update writes the new state to the slot it reads as well as to the
             # one it writes: each row's state is carried in its last token's slot (which
             # its last token writes anyway), each position's state stored straight to its
