@@ -65,6 +65,10 @@ def child(
 
     first, second = memory_shares
     engines = {"builtin": build_llm(model, state_dtype, batches, NEW_TOKENS, first)}
+    gen = torch.Generator().manual_seed(0)
+    check = random_prompts(engines["builtin"], min(batches), gen)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    before = [o.outputs[0].token_ids for o in engines["builtin"].generate(check, greedy)]
     os.environ.pop(plugin.DISABLE_ENV)
     plugin.register()
     engines["plugin"] = build_llm(
@@ -75,6 +79,14 @@ def child(
         "vllm_nemotron_h"
     ):
         raise RuntimeError(f"the engines built {classes}: not one of each implementation")
+    if torch.cuda.is_available():
+        # vLLM's CUDA-graph memory profiling at an engine's start clears the captured graphs
+        # of every engine in the process (CUDAGraphWrapper.clear_all_graphs): the first
+        # engine captures its graphs again, and must give the same tokens as before
+        engines["builtin"].collective_rpc(recapture_graphs)
+    after = [o.outputs[0].token_ids for o in engines["builtin"].generate(check, greedy)]
+    if after != before:
+        raise RuntimeError("vLLM's engine gives other tokens once the plugin's engine started")
 
     def timed(impl: str, prompts: list[dict], n: int) -> float:
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -91,7 +103,6 @@ def child(
                 seconds[impl].append(timed(impl, prompts, n))
         return seconds
 
-    gen = torch.Generator().manual_seed(0)
     out = dict(model_class=classes, batches={})
     for b in batches:
         prompts = random_prompts(engines["plugin"], b, gen)
@@ -104,6 +115,11 @@ def child(
         out["batches"][b] = dict(ttft_s=ttft, decode_s=decode)
         print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", file=sys.stderr, flush=True)
     return out
+
+
+def recapture_graphs(worker) -> None:
+    """In the first engine's worker (collective_rpc): its CUDA graphs captured again."""
+    worker.model_runner.capture_model()
 
 
 def row_of(model: str, state_dtype: str, batch: int, cell: dict) -> dict:
