@@ -43,10 +43,20 @@ from e2e import (
     random_prompts,
     run_impl,
 )
+from step_profile import host_summary, start_profiler, stop_profiler, summary
 
 from vllm_nemotron_h.testing import device_tag
 
-IMPLS = ("builtin", "plugin")
+# (first engine, second engine): a plugin engine cannot precede vLLM's in one process (the
+# plugin's registration is not undone)
+PAIRS = ("builtin,plugin", "builtin,builtin", "plugin,plugin")
+
+
+def engine_names(pair: tuple[str, str]) -> tuple[str, str]:
+    """The two engines' names: the implementations, or for a control pair of one
+    implementation "<impl>-first" and "<impl>-second"."""
+    first, second = pair
+    return (first, second) if first != second else (f"{first}-first", f"{second}-second")
 
 
 def child(
@@ -56,6 +66,8 @@ def child(
     ttft_pairs: int,
     decode_pairs: int,
     memory_shares: list[float],
+    pair: list[str],
+    profile: bool,
 ) -> dict:
     import torch
     from vllm import SamplingParams
@@ -63,57 +75,70 @@ def child(
     from vllm_nemotron_h import plugin
     from vllm_nemotron_h.testing import model_class_name
 
-    first, second = memory_shares
-    engines = {"builtin": build_llm(model, state_dtype, batches, NEW_TOKENS, first)}
+    names = engine_names((pair[0], pair[1]))
+    cuda = torch.cuda.is_available()
+    engines = {names[0]: build_llm(model, state_dtype, batches, NEW_TOKENS, memory_shares[0])}
     gen = torch.Generator().manual_seed(0)
-    check = random_prompts(engines["builtin"], min(batches), gen)
+    check = random_prompts(engines[names[0]], min(batches), gen)
     greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    before = [o.outputs[0].token_ids for o in engines["builtin"].generate(check, greedy)]
-    os.environ.pop(plugin.DISABLE_ENV)
-    plugin.register()
-    engines["plugin"] = build_llm(
-        model, state_dtype, batches, NEW_TOKENS, second, model_impl="vllm"
+    before = [o.outputs[0].token_ids for o in engines[names[0]].generate(check, greedy)]
+    if pair[1] == "plugin" and plugin.disabled():
+        os.environ.pop(plugin.DISABLE_ENV)
+        plugin.register()
+    # model_impl "vllm" (the default is "auto"): vLLM resolves the model class again instead
+    # of reusing the first engine's, which it caches per model path and implementation
+    engines[names[1]] = build_llm(
+        model, state_dtype, batches, NEW_TOKENS, memory_shares[1], model_impl="vllm"
     )
     classes = {k: llm.apply_model(model_class_name)[0] for k, llm in engines.items()}
-    if classes["builtin"].startswith("vllm_nemotron_h") or not classes["plugin"].startswith(
-        "vllm_nemotron_h"
-    ):
-        raise RuntimeError(f"the engines built {classes}: not one of each implementation")
-    if torch.cuda.is_available():
+    for impl, name in zip(pair, names):
+        if classes[name].startswith("vllm_nemotron_h") != (impl == "plugin"):
+            raise RuntimeError(f"the engines built {classes}, not {pair}")
+    if cuda:
         # vLLM's CUDA-graph memory profiling at an engine's start clears the captured graphs
         # of every engine in the process (CUDAGraphWrapper.clear_all_graphs): the first
         # engine captures its graphs again, and must give the same tokens as before
-        engines["builtin"].collective_rpc(recapture_graphs)
-    after = [o.outputs[0].token_ids for o in engines["builtin"].generate(check, greedy)]
+        engines[names[0]].collective_rpc(recapture_graphs)
+    after = [o.outputs[0].token_ids for o in engines[names[0]].generate(check, greedy)]
     if after != before:
-        raise RuntimeError("vLLM's engine gives other tokens once the plugin's engine started")
+        raise RuntimeError(f"{names[0]} gives other tokens once the second engine started")
 
-    def timed(impl: str, prompts: list[dict], n: int) -> float:
+    def timed(name: str, prompts: list[dict], n: int) -> float:
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        engines[impl].generate(prompts, params, use_tqdm=False)
+        engines[name].generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - t
 
     def pairs(count: int, prompts: list[dict], n: int) -> dict[str, list[float]]:
-        seconds: dict[str, list[float]] = {k: [] for k in IMPLS}
+        seconds: dict[str, list[float]] = {k: [] for k in names}
         for i in range(count):
-            for impl in IMPLS if i % 2 == 0 else IMPLS[::-1]:
-                seconds[impl].append(timed(impl, prompts, n))
+            for name in names if i % 2 == 0 else names[::-1]:
+                seconds[name].append(timed(name, prompts, n))
         return seconds
 
-    out = dict(model_class=classes, batches={})
+    def profiled_first_token(name: str, prompts: list[dict]) -> dict:
+        """One generate(max_tokens=1) under the torch profiler (kernels and host ops: the
+        engine core runs in this process), as step_profile.py summarises a step."""
+        engines[name].collective_rpc(start_profiler, args=(True,))
+        wall_s = timed(name, prompts, 1)
+        kernels, host = engines[name].collective_rpc(stop_profiler)[0]
+        return dict(summary(kernels, 1e6 * wall_s), host_top=host_summary(host))
+
+    out = dict(model_class=classes, engines=names, batches={})
     for b in batches:
-        prompts = random_prompts(engines["plugin"], b, gen)
-        for impl in IMPLS:  # compiles (mixed prefill and decode steps too) land here
-            timed(impl, prompts, NEW_TOKENS + 1)
+        prompts = random_prompts(engines[names[0]], b, gen)
+        for name in names:  # compiles (mixed prefill and decode steps too) land here
+            timed(name, prompts, NEW_TOKENS + 1)
         ttft = pairs(ttft_pairs, prompts, 1)
         whole = pairs(decode_pairs, prompts, NEW_TOKENS + 1)
-        first = {k: statistics.median(ttft[k]) for k in IMPLS}
-        decode = {k: [w - first[k] for w in whole[k]] for k in IMPLS}
+        first = {k: statistics.median(ttft[k]) for k in names}
+        decode = {k: [w - first[k] for w in whole[k]] for k in names}
         out["batches"][b] = dict(ttft_s=ttft, decode_s=decode)
         print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", file=sys.stderr, flush=True)
+        if profile:
+            out["batches"][b]["profile"] = {k: profiled_first_token(k, prompts) for k in names}
     return out
 
 
@@ -122,42 +147,49 @@ def recapture_graphs(worker) -> None:
     worker.model_runner.capture_model()
 
 
-def row_of(model: str, state_dtype: str, batch: int, cell: dict) -> dict:
-    """A result row: medians, each pair's built-in / plugin ratio, the plugin's wins."""
-    row = dict(model=model, state_dtype=state_dtype, batch=batch)
-    for what, key, scale in (("ttft", "ttft_s", 1e3), ("decode", "decode_s", 1.0)):
-        builtin, plugin = cell[key]["builtin"], cell[key]["plugin"]
-        ratios = [b / p for b, p in zip(builtin, plugin)]
+def row_of(model: str, state_dtype: str, batch: int, names: list[str], cell: dict) -> dict:
+    """A result row: each engine's medians, each pair's ratio (the first engine's seconds
+    over the second's: > 1 where the second is faster), the pairs the second won."""
+    first, second = names
+    row = dict(model=model, state_dtype=state_dtype, batch=batch, engines=names)
+    for what, key in (("ttft", "ttft_s"), ("decode", "decode_s")):
+        a, b = cell[key][first], cell[key][second]
+        ratios = [x / y for x, y in zip(a, b)]
+        if what == "ttft":
+            row[f"{first}_ttft_ms"] = round(1e3 * statistics.median(a), 2)
+            row[f"{second}_ttft_ms"] = round(1e3 * statistics.median(b), 2)
+        else:
+            row[f"{first}_tok_s"] = round(batch * NEW_TOKENS / statistics.median(a), 1)
+            row[f"{second}_tok_s"] = round(batch * NEW_TOKENS / statistics.median(b), 1)
         row.update(
             {
-                f"builtin_{what}": round(scale * statistics.median(builtin), 4),
-                f"plugin_{what}": round(scale * statistics.median(plugin), 4),
                 f"{what}_ratio_median": round(statistics.median(ratios), 3),
                 f"{what}_ratios": [round(r, 3) for r in ratios],
-                f"{what}_plugin_faster_pairs": sum(r > 1 for r in ratios),
+                f"{what}_second_faster_pairs": sum(r > 1 for r in ratios),
                 f"{what}_pairs": len(ratios),
             }
         )
-    row["builtin_tok_s"] = round(batch * NEW_TOKENS / row.pop("builtin_decode"), 1)
-    row["plugin_tok_s"] = round(batch * NEW_TOKENS / row.pop("plugin_decode"), 1)
-    row["builtin_ttft_ms"], row["plugin_ttft_ms"] = row.pop("builtin_ttft"), row.pop("plugin_ttft")
+    if "profile" in cell:
+        row["profile"] = cell["profile"]
     return row
 
 
 def plot(doc: dict, path: Path) -> None:
-    """A panel per model: each pair's built-in / plugin ratio per batch, time to first token
-    and decode side by side, a line at 1 (above it the plugin is faster)."""
+    """A panel per model and engine pair: each pair's ratio per batch (first engine's seconds
+    over the second's), time to first token and decode side by side, a line at 1 (above it
+    the second engine is faster)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = sorted({r["model"] for r in doc["rows"]})
-    if not models:
+    panels = sorted({(r["model"], tuple(r["engines"])) for r in doc["rows"]})
+    if not panels:
         return
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.5), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        rows = sorted((r for r in doc["rows"] if r["model"] == model), key=lambda r: r["batch"])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5), squeeze=False)
+    for ax, (model, names) in zip(axes[0], panels):
+        rows = [r for r in doc["rows"] if (r["model"], tuple(r["engines"])) == (model, names)]
+        rows.sort(key=lambda r: r["batch"])
         for i, r in enumerate(rows):
             for dx, what, color in ((-0.15, "ttft", "C0"), (0.15, "decode", "C1")):
                 ys = r[f"{what}_ratios"]
@@ -168,7 +200,7 @@ def plot(doc: dict, path: Path) -> None:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xticks(range(len(rows)), [f"B={r['batch']}" for r in rows])
         ax.set_title(f"{model}, {rows[0]['state_dtype']} state", fontsize=9)
-        ax.set_ylabel("built-in s / plugin s, per pair")
+        ax.set_ylabel(f"{names[0]} s / {names[1]} s, per pair", fontsize=8)
         ax.legend(fontsize=7)
     meta = doc["meta"]
     fig.suptitle(
@@ -177,6 +209,25 @@ def plot(doc: dict, path: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+
+
+def print_row(row: dict) -> None:
+    first, second = row["engines"]
+    print(
+        f"{row['model']:14s} {row['state_dtype']:9s} B={row['batch']:<4d} time to first token "
+        f"{first} {row[f'{first}_ttft_ms']:8.1f} ms, {second} {row[f'{second}_ttft_ms']:8.1f} "
+        f"(x{row['ttft_ratio_median']:.3f}, {second} faster in "
+        f"{row['ttft_second_faster_pairs']}/{row['ttft_pairs']} pairs); decode "
+        f"{row[f'{first}_tok_s']:9.1f} / {row[f'{second}_tok_s']:9.1f} tokens/s "
+        f"(x{row['decode_ratio_median']:.3f}, {row['decode_second_faster_pairs']}/"
+        f"{row['decode_pairs']})",
+        flush=True,
+    )
+    for name, prof in row.get("profile", {}).items():
+        print(f"  {name} profiled first token: wall {prof['wall_us']:.0f} us, kernels "
+              f"{prof['kernel_us']:.0f} us {prof['categories']}")  # fmt: skip
+        for op, calls, us in prof["host_top"][:12]:
+            print(f"    {us:9.1f} us {calls:6d} x {op}")
 
 
 def main() -> None:
@@ -194,6 +245,19 @@ def main() -> None:
         default=None,
         help="the two engines' gpu_memory_utilization (default 0.42,0.42 on a GPU, 0.1,0.35 "
         "on CPU)",
+    )
+    ap.add_argument(
+        "--pair",
+        default="builtin,plugin",
+        choices=PAIRS,
+        help="the first and second engine; one implementation twice is the control: how far "
+        "the position of an engine alone moves its times",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the pairs, one time to first token of each engine under the torch "
+        "profiler: kernel time by category and the host ops that took the most time",
     )
     ap.add_argument("--moe-routing", default=None, help="as e2e.py's, for both engines")
     ap.add_argument("--output", type=Path, help="default: results/paired-engines-<gpu>.json")
@@ -217,12 +281,14 @@ def main() -> None:
         ttft_pairs=args.ttft_pairs,
         decode_pairs=args.decode_pairs,
         memory_shares=memory_shares,
+        profiled=args.profile,
         moe_routing=args.moe_routing,
     )
     env = dict(VLLM_ENABLE_V1_MULTIPROCESSING="0")
     if args.moe_routing:
         env[MOE_ROUTING_ENV] = args.moe_routing
     batches = [int(b) for b in args.batches.split(",")]
+    pair = args.pair.split(",")
     for model in args.models.split(","):
         model_files(model)  # before any engine, as e2e.py
         spec = dict(
@@ -232,24 +298,18 @@ def main() -> None:
             ttft_pairs=args.ttft_pairs,
             decode_pairs=args.decode_pairs,
             memory_shares=memory_shares,
+            pair=pair,
+            profile=args.profile,
         )
-        # the child starts as vLLM's own (the plugin disabled) and registers the plugin itself
-        result = run_impl(__file__, "builtin", spec, **env)
+        # the child starts as the first engine's implementation; it registers the plugin
+        # itself before a plugin engine that follows vLLM's
+        result = run_impl(__file__, pair[0], spec, **env)
         for b in batches:
-            row = row_of(model, args.state_dtype, b, result["batches"][str(b)])
+            row = row_of(model, args.state_dtype, b, result["engines"], result["batches"][str(b)])
             row["classes"] = result["model_class"]
-            key = ("model", "state_dtype", "batch")
+            key = ("model", "state_dtype", "batch", "engines")
             doc["rows"] = [r for r in doc["rows"] if any(r[k] != row[k] for k in key)] + [row]
-            print(
-                f"{model:14s} {args.state_dtype:9s} B={b:<4d} time to first token "
-                f"built-in {row['builtin_ttft_ms']:8.1f} ms, plugin {row['plugin_ttft_ms']:8.1f} "
-                f"(x{row['ttft_ratio_median']:.3f}, plugin faster in "
-                f"{row['ttft_plugin_faster_pairs']}/{row['ttft_pairs']} pairs); decode "
-                f"{row['builtin_tok_s']:9.1f} / {row['plugin_tok_s']:9.1f} tokens/s "
-                f"(x{row['decode_ratio_median']:.3f}, {row['decode_plugin_faster_pairs']}/"
-                f"{row['decode_pairs']})",
-                flush=True,
-            )
+            print_row(row)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1))
     plot(doc, path.with_suffix(".png"))

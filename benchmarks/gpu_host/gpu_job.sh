@@ -47,6 +47,11 @@
 #               process, batches of B=1/32/128 alternating between them (paired_engines.py:
 #               time to first token and decode without the engine processes' spread), into
 #               LOG_DIR/paired-engines-<gpu>.json
+#   paired-control-M the same at B=1 with one implementation in both engines (vLLM's, then
+#               the plugin's): how far an engine's position in the process moves its times
+#   paired-profile-M the pair at B=1 with one time to first token of each engine profiled
+#               (kernels by category, host ops by self time), into
+#               LOG_DIR/paired-engines-profile-<gpu>.json
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
 #   deferred-floor a deferred step's bytes moved without arithmetic (deferred_state_floor.py),
 #               int8 / bf16 / fp32 checkpoints
@@ -142,6 +147,18 @@ for s in "$@"; do
       model=$([ "$s" = paired-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
         --batches 1,32,128 --output "$out/paired-engines-$gpu.json" ;;
+    paired-control-8b|paired-control-9b)
+      model=$([ "$s" = paired-control-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      for pair in builtin,builtin plugin,plugin; do
+        step "$s-${pair%%,*}" python3 benchmarks/paired_engines.py --models "$model" \
+          --state-dtype bfloat16 --batches 1 --decode-pairs 2 --pair "$pair" \
+          --output "$out/paired-engines-$gpu.json"
+      done ;;
+    paired-profile-8b|paired-profile-9b)
+      model=$([ "$s" = paired-profile-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
+        --batches 1 --ttft-pairs 6 --decode-pairs 1 --profile \
+        --output "$out/paired-engines-profile-$gpu.json" ;;
     deferred-choice)
       step deferred-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
         tests/gpu/test_engine_gpu.py -k deferred
