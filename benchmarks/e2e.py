@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from vllm_nemotron_h.testing import device_tag
@@ -325,6 +326,15 @@ def combine_rounds(rounds: list[dict]) -> dict:
     return out
 
 
+def answer_child(child: Callable[..., dict]) -> bool:
+    """In a process run_impl started (``script --child SPEC``): prints ``child(**SPEC)`` as its
+    CHILD_RESULT line and returns True; elsewhere False."""
+    if sys.argv[1:2] != ["--child"]:
+        return False
+    print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
+    return True
+
+
 def run_impl(script: str, impl: str, spec: dict, **env: str) -> dict:
     """Runs ``script --child SPEC`` in a new process with the plugin (impl "plugin") or vLLM's
     built-in model (impl "builtin"); returns the child's CHILD_RESULT. Shared with
@@ -348,8 +358,7 @@ def run_impl(script: str, impl: str, spec: dict, **env: str) -> dict:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:
-        print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
+    if answer_child(child):
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="nemotron-h-8b,nano-9b-v2")

@@ -45,6 +45,7 @@ from e2e import (
     MOE_ROUTING_ENV,
     NEW_TOKENS,
     RESULTS,
+    answer_child,
     build_llm,
     model_files,
     random_prompts,
@@ -238,8 +239,7 @@ def print_row(row: dict) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:
-        print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
+    if answer_child(child):
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="nemotron-h-8b,nano-9b-v2")

@@ -36,12 +36,11 @@ import ctypes
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 # benchmarks/ is this script's directory
-from e2e import RESULTS, build_llm, device_tag, random_prompts, run_impl
+from e2e import RESULTS, answer_child, build_llm, device_tag, random_prompts, run_impl
 
 from vllm_nemotron_h.model_executor.decode_plan import integer_runs
 
@@ -294,8 +293,7 @@ def plot(res: dict[str, dict], path: Path) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:
-        print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
+    if answer_child(child):
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="nemotron-h-8b", help="a real shape or a tiny preset")

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from e2e import (
     MOE_ROUTING_ENV,
     PROMPT_LEN,
     RESULTS,
+    answer_child,
     build_llm,
     check_moe_routing,
     device_tag,
@@ -277,8 +277,7 @@ def print_table(res: dict[str, dict]) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:
-        print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
+    if answer_child(child):
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="nemotron-h-8b", help="a real shape or a tiny preset")
