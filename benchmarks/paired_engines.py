@@ -241,7 +241,7 @@ def print_row(row: dict) -> None:
 def main() -> None:
     if answer_child(child):
         return
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="nemotron-h-8b,nano-9b-v2")
     ap.add_argument("--state-dtype", default="bfloat16")
     ap.add_argument("--batches", default="1,32,128")
