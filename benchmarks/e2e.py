@@ -237,11 +237,24 @@ def cache_capacity(worker) -> dict:
     )
 
 
+def timed_generate(llm, prompts: list[dict], n: int) -> float:
+    """Seconds of ``llm.generate(prompts)`` of ``n`` greedy tokens each (no early stop), the
+    GPU idle first."""
+    import torch
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - t
+
+
 def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine: dict) -> dict:
     import statistics
 
     import torch
-    from vllm import SamplingParams
 
     check_moe_routing()
 
@@ -261,12 +274,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
         prompts = shipped_prompts(b) if model == SHIPPED else random_prompts(llm, b, gen)
 
         def timed(n: int) -> float:
-            p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            llm.generate(prompts, p, use_tqdm=False)
-            return time.perf_counter() - t
+            return timed_generate(llm, prompts, n)
 
         # warm-up: a whole timed run, so that the steps the timed runs take (mixed prefill and
         # decode batches included, whose decode counts no captured graph compiled) compile here

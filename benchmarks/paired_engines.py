@@ -38,7 +38,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from e2e import (
@@ -50,6 +49,7 @@ from e2e import (
     random_prompts,
     results_doc,
     run_impl,
+    timed_generate,
 )
 from step_profile import host_summary, start_profiler, stop_profiler, summary
 
@@ -110,12 +110,7 @@ def child(
         raise RuntimeError(f"{names[0]} gives other tokens once the second engine started")
 
     def timed(name: str, prompts: list[dict], n: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        engines[name].generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t
+        return timed_generate(engines[name], prompts, n)
 
     def pairs(count: int, prompts: list[dict], n: int) -> dict[str, list[float]]:
         seconds: dict[str, list[float]] = {k: [] for k in names}
