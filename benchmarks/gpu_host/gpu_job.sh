@@ -72,6 +72,9 @@ old = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else []
 json.dump([r for r in old if r['kernel'] in kernels] + new, open(sys.argv[1], 'w'), indent=1)" \
     "$sweep" "benchmarks/results/kernel-tuning-$gpu.json" "$out"/tune-*.json
 }
+shape_of() {  # a step named ...-8b runs Nemotron-H 8B's shape, ...-9b Nano 9B v2's
+  case $1 in *-8b) echo nemotron-h-8b ;; *-9b) echo nano-9b-v2 ;; esac
+}
 echo "start $(date) $gpu_name" > "$out/progress"
 for s in "$@"; do
   case $s in
@@ -112,7 +115,7 @@ for s in "$@"; do
       --fused-max-batch-heads 0 --output "$out/accuracy-deferred-$gpu.json" \
       --doc "$out/accuracy.md" ;;
     e2e-int8-8b | e2e-int8-9b)
-      model=$([ "$s" = e2e-int8-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      model=$(shape_of "$s")
       e2e=(python3 benchmarks/e2e.py --models "$model" --batches 1,32,128,256 --repeats 3
         --output "$out/e2e-int8-$gpu.json")
       step "$s-builtin" "${e2e[@]}" --state-dtypes float32,bfloat16 --impls builtin
@@ -135,27 +138,27 @@ for s in "$@"; do
           --tensor-parallel-size 1 --rounds 1 --decode-steps 96 --output-dir "$out"
       done ;;
     steps-ttft-8b|steps-ttft-9b)
-      model=$([ "$s" = steps-ttft-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      model=$(shape_of "$s")
       step "$s" python3 benchmarks/rank_step_times.py --model "$model" \
         --state-dtype bfloat16 --batch 1 --tensor-parallel-size 1 --rounds 3 \
         --decode-steps 8 --output-dir "$out" ;;
     ttft-8b|ttft-9b)
-      model=$([ "$s" = ttft-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      model=$(shape_of "$s")
       step "$s" python3 benchmarks/e2e.py --models "$model" --state-dtypes bfloat16 \
         --batches 1,32,128 --repeats 3 --rounds 3 --output "$out/e2e-${s#ttft-}-bf16-ttft-rounds3-$gpu.json" ;;
     paired-8b|paired-9b)
-      model=$([ "$s" = paired-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      model=$(shape_of "$s")
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
         --batches 1,32,128 --output "$out/paired-engines-$gpu.json" ;;
     paired-control-8b|paired-control-9b)
-      model=$([ "$s" = paired-control-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      model=$(shape_of "$s")
       for pair in builtin,builtin plugin,plugin; do
         step "$s-${pair%%,*}" python3 benchmarks/paired_engines.py --models "$model" \
           --state-dtype bfloat16 --batches 1 --decode-pairs 2 --pair "$pair" \
           --output "$out/paired-engines-$gpu.json"
       done ;;
     paired-profile-8b|paired-profile-9b)
-      model=$([ "$s" = paired-profile-8b ] && echo nemotron-h-8b || echo nano-9b-v2)
+      model=$(shape_of "$s")
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
         --batches 1 --ttft-pairs 6 --decode-pairs 1 --profile \
         --output "$out/paired-engines-profile-$gpu.json" ;;
