@@ -65,7 +65,8 @@ ONE_TOKEN = [[1], [5], [260]]
 
 
 def test_batch_invariance_and_slot_reuse(tiny_checkpoint):
-    model = tiny_checkpoint("dense")
+    # several Mamba layers to a KV-cache group: each reads the step's slots of its group
+    model = tiny_checkpoint("dense-grouped")
     probe = encode(model, TEXTS[2:3])
     others = random_prompts(16, seed=1)
     many = random_prompts(50, seed=2)

@@ -136,6 +136,16 @@ def test_fp32_eager_and_graphs_match_transformers_and_builtin(checkpoint, refere
         assert not any(other in k for k in kernels), f"{other} ran in a decode step"
 
 
+def test_mamba_layers_sharing_a_cache_group_decode_alike_in_cuda_graphs(tmp_path):
+    """With two attention layers vLLM puts two Mamba layers in each KV-cache group: the
+    group's first layer in the forward copies the step's slots into the group's buffer, inside
+    the CUDA graph, and the other reads them there. A graph that lacked the copy would replay
+    the capture's slots as the batch changes."""
+    ckpt = str(write_tiny_checkpoint(tmp_path / "dense-grouped", "dense-grouped"))
+    eager, graphs = eager_and_graphs(ckpt)
+    assert graphs["tokens"] == eager["tokens"]
+
+
 def test_int8_state_eager_equals_cuda_graphs(checkpoint, reference):
     """The int8 SSM state (additional_config nemotron_h.ssm_state) decodes the same tokens in
     eager mode and with CUDA graphs, through the fused decode tail; how far it stays with

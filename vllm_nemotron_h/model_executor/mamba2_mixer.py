@@ -45,7 +45,7 @@ from vllm_nemotron_h.vllm_boundary.layers import (
     step_metadata,
     warm_up_prefill_kernels,
 )
-from vllm_nemotron_h.vllm_boundary.metadata import NULL_BLOCK_ID
+from vllm_nemotron_h.vllm_boundary.metadata import NULL_BLOCK_ID, decode_slots
 from vllm_nemotron_h.vllm_boundary.prefill import ScanWeights, conv_prefill, scan_prefill
 
 # A dt whose softplus is 0 in every activation dtype (exp underflows): no decay, no input.
@@ -117,6 +117,8 @@ class PluginMambaMixer2(MambaMixer2):
                 md.query_start_d, md.num_accepted_d, md.state_slots_d_int32, md.live_rows_d,
             )  # fmt: skip
         elif n_dec > 0:
+            if md.slots_writer == self.prefix:  # the group's first layer: see state_slots.py
+                md.state_slots_d.copy_(decode_slots(md), non_blocking=True)
             slots = md.state_slots_d[:n_dec]
             slots_int32 = None if md.state_slots_d_int32 is None else md.state_slots_d_int32[:n_dec]
             plan.decode(xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], slots, slots_int32)

@@ -1,13 +1,16 @@
 """State cache manager: one int64 state-slot tensor per step, shared by every Mamba layer.
 
 vLLM allocates each Mamba layer's conv and SSM state tensors and gives every running
-sequence a slot (the first block of its block table, int32). The builder below turns the
-decode rows' slots into an int64 tensor written into a buffer allocated once at start: its
-address never changes, so CUDA graphs replay it, and the kernels index the state with it
-directly (no per-layer casts). Padded rows hold vLLM's null block, which kernels skip.
-All Mamba layers of a KV-cache group share one builder, hence one tensor per step, and one
-``DecodePlan`` (the decode tail's workspace and launch table), made with the slot buffer and
-handed to the layers through the metadata.
+sequence a slot (the first block of its block table, int32). The decode rows' slots become
+an int64 tensor in a buffer allocated once at start: its address never changes, so CUDA
+graphs replay it, and the kernels index the state with it directly (no per-layer casts).
+Padded rows hold vLLM's null block, which kernels skip. All Mamba layers of a KV-cache group
+share one builder, hence one tensor per step, and one ``DecodePlan`` (the decode tail's
+workspace and launch table), handed to the layers through the metadata. The group's first
+layer in the forward (``slots_writer``) copies vLLM's slots into the buffer: inside a CUDA
+graph, where vLLM refreshes its own slot buffer before each replay, so that a replayed step
+costs the host nothing per group (a decode step of few rows under tensor parallel waits on
+the host, and a model has a Mamba cache group per few layers).
 
 A prompt chunk of a decode row's tokens runs as a decode row (the boundary's builder says
 which rows, and why): the builder zeroes the slots of those that start their prompt in every
@@ -49,7 +52,7 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import LiveRows
 from vllm_nemotron_h.ops.speculative_rows import interface as speculative_rows_op
 from vllm_nemotron_h.ops.speculative_rows.args import AcceptedCount, RowBuffers, StepRows
 from vllm_nemotron_h.vllm_boundary.config import mamba_cache_mode, speculative_tokens
-from vllm_nemotron_h.vllm_boundary.layers import mixer_states, mixers_of
+from vllm_nemotron_h.vllm_boundary.layers import first_in_forward, mixer_states, mixers_of
 from vllm_nemotron_h.vllm_boundary.metadata import (
     NULL_BLOCK_ID,
     Mamba2AttentionBackend,
@@ -69,6 +72,9 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # int64 slots of the decode rows (a view of the builder's persistent buffer); under
     # speculative decoding (rows, 1 + draft tokens): a slot per token.
     state_slots_d: torch.Tensor | None = None
+    # the layer that fills state_slots_d from vLLM's slots before its decode (the group's
+    # first in the forward); None where the builder filled them (speculative decoding)
+    slots_writer: str | None = None
     # Under speculative decoding, int64 views of the builder's buffers: the decode rows'
     # first tokens (rows + 1) and the tokens each accepted at its previous step; else None.
     query_start_d: torch.Tensor | None = None
@@ -134,9 +140,11 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             and not accepted_counts_every_step()
         )
         self.deferred_writes = state_layout(vllm_config).ring_size > 0
+        self.slots_writer = first_in_forward(layer_names)
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
         metadata.state_slots_d = metadata.state_slots_d_int32 = metadata.live_rows_d = None
+        metadata.slots_writer = None
         metadata.query_start_d = metadata.num_accepted_d = None
         metadata.decode_plan = self.decode_plan
         metadata.ring_slots_p = metadata.ring_flush_slots_p = None
@@ -156,14 +164,13 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         if self.draft_tokens and (metadata.num_decodes > 0 or self.counts_accepted):
             self.speculative_rows(metadata)  # counting records prefill rows too
         if metadata.num_decodes > 0:
-            slots = decode_slots(metadata)
-            rows = slots.shape[0]
-            if not self.draft_tokens:
-                self.state_slots[:rows].copy_(slots, non_blocking=True)
+            rows = metadata.state_indices_tensor_d.shape[0]  # padded as the graph replayed
             metadata.state_slots_d = self.state_slots[:rows]
+            if not self.draft_tokens:
+                metadata.slots_writer = self.slots_writer
             on_cpu = self.state_slots.device.type == "cpu"
             if on_cpu and not self.draft_tokens:
-                metadata.state_slots_d_int32 = metadata.state_slots_d.to(torch.int32)
+                metadata.state_slots_d_int32 = decode_slots(metadata).contiguous()
             elif on_cpu and one_token_rows(metadata.query_start_d, metadata.num_accepted_d):
                 metadata.state_slots_d_int32 = metadata.state_slots_d[:, 0].to(torch.int32)
             elif on_cpu:
@@ -173,6 +180,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 )  # fmt: skip
             prompt_rows = metadata.prompt_rows_d
             if prompt_rows is not None and bool(prompt_rows.new.any()):
+                slots = decode_slots(metadata)
                 new_rows = prompt_rows.rows[prompt_rows.new].to(slots.device)
                 self.zero_slots(slots[new_rows].long())
             if self.deferred_writes:

@@ -53,6 +53,10 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
     "dense": preset(("M*M-M-", 256, 8, 32, 64, 2, 4, 2, 64, 512)),
     "dense-h80": preset(("MM*-M-", 320, 8, 80, 16, 4, 4, 2, 80, 640)),
     "dense-g1": preset(("M-*M-", 256, 8, 32, 32, 1, 4, 2, 64, 512)),
+    # "dense" with two attention layers: vLLM then groups the Mamba layers two to a KV-cache
+    # group (with one attention layer each Mamba layer has a group of its own), so the layers
+    # of a group share one step's slots
+    "dense-grouped": preset(("M*M-M*M-", 256, 8, 32, 64, 2, 4, 2, 64, 512)),
     "moe": preset(("MEM*EM", 256, 8, 64, 128, 8, 4, 2, 64, 512), (8, 2, 128, 256, 2.5)),
     # latent MoE (Nemotron 3 Super's): the routed experts work in a 64-wide projection
     "moe-latent": dict(

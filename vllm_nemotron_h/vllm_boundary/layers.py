@@ -24,6 +24,7 @@ from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.model_executor.model_loader.weight_utils import sharded_weight_loader
 from vllm.model_executor.models import nemotron_h as vllm_nemotron_h
+from vllm.model_executor.models.utils import extract_layer_index
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import _encode_layer_name
@@ -43,6 +44,7 @@ __all__ = [
     "all_reduce",
     "bare_module_init",
     "conv_state_channels",
+    "first_in_forward",
     "fp32_head_parameter",
     "mixer_op",
     "mixer_states",
@@ -160,6 +162,12 @@ def mixers_of(vllm_config: Any, layer_names: list[str]) -> list[MambaMixer2]:
     """The Mamba2 mixers named ``layer_names`` (a KV-cache group's), from vLLM's registry of
     layers by name."""
     return list(get_layers_from_vllm_config(vllm_config, MambaMixer2, layer_names).values())
+
+
+def first_in_forward(layer_names: list[str]) -> str:
+    """The layer of ``layer_names`` that the model's forward runs first: the lowest layer
+    index, as vLLM reads it from a layer's name when it groups layers into KV-cache groups."""
+    return min(layer_names, key=extract_layer_index)
 
 
 def fp32_head_parameter(heads: int) -> nn.Parameter:

@@ -241,6 +241,14 @@ def _check_prompt_row_decodes() -> None:
     _params(layers.get_layers_from_vllm_config, "vllm_config", "layer_type", "layer_names")
 
 
+def _check_layer_order() -> None:
+    from vllm_nemotron_h.vllm_boundary import layers
+
+    names = ["model.layers.12.mixer", "model.layers.3.mixer", "model.layers.30.mixer"]
+    first = layers.first_in_forward(names)
+    _require(first == "model.layers.3.mixer", f"the first layer in the forward read as {first}")
+
+
 def _check_speculative_metadata() -> None:
     from vllm.config import SpeculativeConfig
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -521,6 +529,17 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "vLLM dispatching full CUDA graphs only for steps without prefilling rows",
         _check_prompt_row_decodes,
+    ),
+    Touchpoint(
+        "layer-order",
+        "vllm.model_executor.models.utils.extract_layer_index",
+        "a KV-cache group's first Mamba layer in the forward copies the step's decode slots "
+        "into the group's int64 slot buffer, so that a CUDA graph holds the copy and a "
+        "replayed decode step launches nothing for it; the layer index is read from a "
+        "layer's name as vLLM reads it to group layers",
+        BOTH,
+        "the plugin's kernels reading vLLM's int32 slots (no buffer to fill)",
+        _check_layer_order,
     ),
     Touchpoint(
         "speculative-decode-metadata",
