@@ -8,7 +8,9 @@ set -u
 out=${1:?usage: gpu_tests.sh LOG_DIR [EXPRESSION ...]}
 shift
 mkdir -p "$out"
-[ $# -gt 0 ] || set -- "test_fp32_eager or deferred" "int8" "bf16 or ngram" "moe"
+# every test in exactly one group
+[ $# -gt 0 ] || set -- "test_fp32_eager or deferred or mtp" \
+  "(int8 and not ngram) or (prefix and not deferred) or sharing" "bf16 or ngram or fp8" "moe"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 pids=()
 n=0

@@ -17,8 +17,9 @@
 #   8B at B=1 with every rank's host time by op), rank-times-8b-b1 (rank_step_times.py: when
 #   each rank enters each B=1 step and its host time by runner phase, no profiler, ROUNDS engines each),
 #   rank-times-9b-bN (the same for Nano 9B v2, bf16 state, at batch N), plan-tests (on GPU 0:
-#   the layer plan's warm launches, the prefill tail's and slot copies' GPU kernel tests, and
-#   the fp32 engine test, which asserts that no plugin kernel compiles in a request); with
+#   the layer plan's warm launches, the prefill tail's and slot copies' GPU kernel tests, the
+#   fp32 engine test, which asserts that no plugin kernel compiles in a request, and the test
+#   of Mamba layers sharing a cache group under CUDA graphs); with
 #   any step, each GPU's SM clock, power and temperature every second in LOG_DIR/clocks.csv;
 #   default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
 #   in the environment: the e2e rows from N engines per implementation, alternating.
@@ -84,7 +85,7 @@ for s in "$@"; do
     plan-tests) step plan-tests env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -s \
       -p no:cacheprovider tests/kernels/test_mamba2_decode.py \
       tests/kernels/test_mamba2_prefill_tail.py tests/kernels/test_state_slot_copy.py \
-      tests/gpu/test_engine_gpu.py -k "compiles or prefill_tail or slot_copy or test_fp32_eager" ;;
+      tests/gpu/test_engine_gpu.py -k "compiles or prefill_tail or slot_copy or test_fp32_eager or sharing" ;;
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
