@@ -6,7 +6,8 @@ prompt takes up to a third longer in one engine process than in another, which i
 the difference between the implementations at batch 1. Here one process holds vLLM's engine
 first (the plugin disabled), then, after the plugin registers its model class, the plugin's
 (``model_impl="vllm"``: vLLM resolves the class again instead of reusing the first engine's;
-each engine's model class is checked), both with vLLM's engine core in this process
+each engine's model class is checked); ``--pair plugin,builtin`` builds them the other way
+round (vLLM's class registered again for the second), both with vLLM's engine core in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0: no IPC in either, and no step overlapped with the next
 one's scheduling) and CUDA graphs captured for ``--batches``. vLLM 0.26 clears every engine's
 graphs in the process when an engine starts, so the first engine captures its graphs again
@@ -17,7 +18,8 @@ that engine's median first-token time); each pair alternates which engine goes f
 holds each engine's medians, each pair's ratio (the first engine's seconds over the
 second's: > 1 where the second, the plugin, is faster) and how many pairs the second won.
 ``--pair builtin,builtin`` (or ``plugin,plugin``) is the control: how far an engine's place in
-the process alone moves these. ``--profile`` adds one first token of each engine under the
+the process alone moves these; ``plugin,builtin`` puts the plugin's engine first (its ratios
+then read > 1 where vLLM's is faster). ``--profile`` adds one first token of each engine under the
 torch profiler (step_profile.py's summaries: kernels by category, host ops by self time).
 
 A model per child process; its two engines share the device (``--memory-shares``: vLLM's
@@ -53,9 +55,11 @@ from e2e import (
 )
 from step_profile import host_summary, start_profiler, stop_profiler, summary
 
-# (first engine, second engine): a plugin engine cannot precede vLLM's in one process (the
-# plugin's registration is not undone)
-PAIRS = ("builtin,plugin", "builtin,builtin", "plugin,plugin")
+# (first engine, second engine)
+PAIRS = ("builtin,plugin", "plugin,builtin", "builtin,builtin", "plugin,plugin")
+# vLLM's own class for the architecture, registered again for a built-in engine after a
+# plugin engine in one process
+BUILTIN_CLASS = "vllm.model_executor.models.nemotron_h:NemotronHForCausalLM"
 
 
 def engine_names(pair: tuple[str, str]) -> tuple[str, str]:
@@ -91,6 +95,11 @@ def child(
     if pair[1] == "plugin" and plugin.disabled():
         os.environ.pop(plugin.DISABLE_ENV)
         plugin.register()
+    elif pair[1] == "builtin" and not plugin.disabled():
+        from vllm import ModelRegistry
+
+        os.environ[plugin.DISABLE_ENV] = "1"
+        ModelRegistry.register_model(plugin.ARCHITECTURE, BUILTIN_CLASS)
     # model_impl "vllm" (the default is "auto"): vLLM resolves the model class again instead
     # of reusing the first engine's, which it caches per model path and implementation
     engines[names[1]] = build_llm(
@@ -293,7 +302,8 @@ def main() -> None:
             profile=args.profile,
         )
         # the child starts as the first engine's implementation; it registers the plugin
-        # itself before a plugin engine that follows vLLM's
+        # itself before a plugin engine that follows vLLM's (vLLM's class before a built-in
+        # engine that follows the plugin's)
         result = run_impl(__file__, pair[0], spec, **env)
         for b in batches:
             row = row_of(model, args.state_dtype, b, result["engines"], result["batches"][str(b)])
