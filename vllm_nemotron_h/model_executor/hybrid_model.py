@@ -18,8 +18,7 @@ import importlib.metadata
 
 from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
-from vllm_nemotron_h.model_executor.native_cpu_decode import runs_native_cpu_decode
-from vllm_nemotron_h.model_executor.ssm_state_cache import INT8
+from vllm_nemotron_h.model_executor.native_cpu_decode import layout_runs_native_cpu_decode
 from vllm_nemotron_h.model_executor.validation import (
     deferred_writes_off_reason,
     hand_back_reason,
@@ -107,7 +106,7 @@ def describe(vllm_config: VllmConfig) -> str:
     layout = state_layout(vllm_config)
     draft_tokens = speculative_tokens(vllm_config)
     if on_cpu():
-        native = runs_native_cpu_decode(layout.ssm_format == INT8, layout.ring_size > 0)
+        native = layout_runs_native_cpu_decode(layout)
         decode = (
             "vLLM's native CPU conv and state-update ops with the plugin's group norm"
             if native

