@@ -189,9 +189,10 @@ def write_tables(device_name: str, tables: dict, how: str, in_front: bool = Fals
 
 def in_front_of(rows: list, old: list | None) -> list:
     """``rows`` (smaller points, the last one closed) in front of ``old``'s rows of larger
-    points; open-ended if ``old`` is None."""
+    points. Without ``old`` the rows stay closed: past the sweep's largest point the op keeps
+    its default, which a sweep of one rank's B=1 and 2 says nothing against."""
     if old is None:
-        return [*rows[:-1], [None, *rows[-1][1:]]]
+        return rows
     larger = [row for row in old if row[0] is None or row[0] > rows[-1][0]]
     if larger and larger[0][1:] == rows[-1][1:]:  # the same config: one row
         rows = rows[:-1]
