@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a host of one GPU, after setup.sh: benchmark steps run one after another in the
 # background, each step's log in LOG_DIR/<step>.log, its JSON in LOG_DIR, and a line per
-# finished step in LOG_DIR/progress (polled as tp_job.sh's is; start it with `setsid nohup`).
+# finished step in LOG_DIR/progress (start it with start.sh, poll it with poll.sh).
 # Usage: bash benchmarks/gpu_host/gpu_job.sh LOG_DIR STEP ...
 #   kernels     the GPU kernel tests (pytest -m gpu tests/kernels) with this GPU's launch table
 #   tune-K      tune.py for kernel K (selective_state_update, mamba2_decode,

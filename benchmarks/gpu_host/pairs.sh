@@ -7,7 +7,7 @@
 # GPU at start and fails below it. The pairs share the host's CPUs: a lone prompt's or a
 # small batch's rate, bound by host time, is best measured in the TP=4 list or alone.
 # LOG_DIR/pair01, pair23 and tp4 are tp_job.sh's LOG_DIRs; LOG_DIR/progress gets "end" when
-# all is done. Start it with `setsid nohup` as tp_job.sh.
+# all is done. Start it with start.sh as tp_job.sh.
 # Usage: bash benchmarks/gpu_host/pairs.sh LOG_DIR "STEPS on GPUs 0-1" "STEPS on GPUs 2-3" \
 #   ["STEPS at TP=4"]     e.g. pairs.sh L "e2e-8b e2e-9b" "tests" "e2e-8b"
 set -u

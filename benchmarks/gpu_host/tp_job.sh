@@ -3,9 +3,8 @@
 # at a time, then e2e.py's TP=2 rows and step profiles (their JSON in LOG_DIR; TP=4 in the
 # environment: the rows and profiles at TP=4, on four GPUs), each step's log
 # in LOG_DIR/<step>.log and a line per finished step in LOG_DIR/progress. Start it with
-# `setsid nohup ... &` so that it outlives the call; later calls (back to back: the host goes
-# back after ~30 s idle) read LOG_DIR, e.g.
-#   while ! grep -q '^end' LOG_DIR/progress; do sleep 10; done  (bounded by the call's limit)
+# start.sh (a private copy of the checkout, outliving the call); later calls (back to back:
+# the host goes back after ~30 s idle) bring LOG_DIR back with poll.sh.
 # Usage: bash benchmarks/gpu_host/tp_job.sh LOG_DIR [STEP ...]
 #   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
