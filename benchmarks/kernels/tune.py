@@ -179,7 +179,9 @@ def write_tables(device_name: str, tables: dict, how: str, in_front: bool = Fals
     for name, table in tables.items():
         keyed = isinstance(table, dict) and isinstance(merged.get(name), dict)
         if keyed and in_front:
-            table = {key: in_front_of(rows, merged[name].get(key)) for key, rows in table.items()}
+            table = {
+                key: in_front_of(rows, merged[name].get(key), key) for key, rows in table.items()
+            }
         merged[name] = {**merged[name], **table} if keyed else table
         swept += [f"{name} {key}" for key in table] if isinstance(table, dict) else [name]
     if merged != tables:  # the file keeps rows the sweep did not measure
@@ -187,12 +189,14 @@ def write_tables(device_name: str, tables: dict, how: str, in_front: bool = Fals
     return launch_config.write_device_file(device_name, merged, how)
 
 
-def in_front_of(rows: list, old: list | None) -> list:
+def in_front_of(rows: list, old: list | None, key: str) -> list:
     """``rows`` (smaller points, the last one closed) in front of ``old``'s rows of larger
-    points. Without ``old`` the rows stay closed: past the sweep's largest point the op keeps
-    its default, which a sweep of one rank's B=1 and 2 says nothing against."""
+    points. Without ``old`` (no rows for ``key``, "head_dim,d_state,state bytes") past the
+    sweep's largest point the kernel keeps its untuned config, which a sweep of one rank's
+    B=1 and 2 says nothing against."""
     if old is None:
-        return rows
+        _, d_state, state_bytes = (int(v) for v in key.split(","))
+        old = [[None, *launch_config.untuned_plane_tile(d_state, state_bytes)]]
     larger = [row for row in old if row[0] is None or row[0] > rows[-1][0]]
     if larger and larger[0][1:] == rows[-1][1:]:  # the same config: one row
         rows = rows[:-1]

@@ -163,13 +163,13 @@ def test_a_rank_sweep_goes_in_front_of_the_rows_of_larger_points(tmp_path, monke
     assert tables["mamba2_decode"]["64,128,4"] == [[32, 8, 4], [64, 32, 4]]
     data = json.loads(write_tables("Some GPU", tables, "TP=4", in_front=True).read_text())
     assert data["mamba2_decode"]["64,128,4"] == [[32, 8, 4], [128, 32, 4], [None, 128, 4]]
-    # a key the file has no rows for keeps the sweep's points: past them the op's default
-    sweep = [{**r, "state_dtype": "bfloat16"} for r in sweep]
+    # a key the file has no rows for: past the sweep's points the kernel's untuned config
+    sweep = [{**r, "state_dtype": "int8"} for r in sweep]
     data = json.loads(
         write_tables("Some GPU", tuned_tables(sweep, False), "TP=4", in_front=True).read_text()
     )
-    assert data["mamba2_decode"]["64,128,2"] == [[32, 8, 4], [64, 32, 4]]
-    assert launch_config.first_fit(data["mamba2_decode"]["64,128,2"], 128) is None
+    assert launch_config.untuned_plane_tile(128, 1) == (64, 4)
+    assert data["mamba2_decode"]["64,128,1"] == [[32, 8, 4], [64, 32, 4], [None, 64, 4]]
 
 
 def test_deferred_writes_run_the_per_step_launch_where_the_table_says_deferring_does_not_pay():

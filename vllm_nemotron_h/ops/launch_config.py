@@ -105,6 +105,13 @@ def state_rows(
     return (table(name, device) or {}).get(f"{head_dim},{d_state},{state_dtype.itemsize}")
 
 
+def untuned_plane_tile(d_state: int, state_bytes: int) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) of a state kernel where its table has no row: about 8 KB of state
+    per program (bytes in flight per SM, and enough programs)."""
+    block_n = triton.next_power_of_2(d_state)
+    return max(4, min(64, 8192 // (block_n * state_bytes))), 4
+
+
 @cached
 def plane_tile_config(
     name: str,
@@ -117,13 +124,11 @@ def plane_tile_config(
 ) -> tuple[int, int, int]:
     """(BLOCK_M, num_warps, tiles per program) of a kernel tiling the (head, row) plane of
     the state, from the table ``name`` keyed by "head_dim,d_state,state bytes"; untuned
-    shapes aim for about 8 KB of state per program (bytes in flight per SM, and enough
-    programs), one tile each. A program's rows never span two groups."""
+    shapes take ``untuned_plane_tile``, one tile each. A program's rows never span two
+    groups."""
     rows = state_rows(name, device, head_dim, d_state, state_dtype)
-    block_n = triton.next_power_of_2(d_state)
-    block_m, warps, *more = first_fit(rows, batch_heads) or (
-        max(4, min(64, 8192 // (block_n * state_dtype.itemsize))),
-        4,
+    block_m, warps, *more = first_fit(rows, batch_heads) or untuned_plane_tile(
+        d_state, state_dtype.itemsize
     )
     block_m = largest_tile(block_m, group_rows)
     tiles = more[0] if more else 1
