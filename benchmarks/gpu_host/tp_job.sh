@@ -13,8 +13,9 @@
 #   extracted with `git archive C vllm_nemotron_h benchmarks/e2e.py benchmarks/accuracy.py
 #   pyproject.toml | tar -x -C DIR` and carried: a before/after on one host), e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
 #   engine, or PROFILE_BATCHES from the environment: each rank's kernels per decode step, both implementations), host-8b-b1 (the
-#   8B at B=1 with every rank's host time by op), rank-times-8b-b1 (rank_step_times.py: when
-#   each rank enters each B=1 step and its host time by runner phase, no profiler, ROUNDS engines each),
+#   8B at B=1 with every rank's host time by op), rank-times-8b-bN (rank_step_times.py: when
+#   each rank enters each step of batch N and its host time by runner phase, no profiler,
+#   ROUNDS engines each),
 #   rank-times-9b-bN (the same for Nano 9B v2, bf16 state, at batch N), plan-tests (on GPU 0:
 #   the layer plan's warm launches, the prefill tail's and slot copies' GPU kernel tests, the
 #   fp32 engine test, which asserts that no plugin kernel compiles in a request, and the test
@@ -76,9 +77,9 @@ for s in "$@"; do
     host-8b-b1) step host-8b-b1 python3 benchmarks/step_profile.py --model nemotron-h-8b \
       --state-dtype float32 --batches 1 --host --tensor-parallel-size "$tp" \
       --output-dir "$out/host" ;;
-    rank-times-8b-b1) step rank-times-8b-b1 python3 benchmarks/rank_step_times.py \
-      --model nemotron-h-8b --state-dtype float32 --batch 1 --tensor-parallel-size "$tp" \
-      --rounds "${ROUNDS:-2}" --output-dir "$out" ;;
+    rank-times-8b-b*) step "$s" python3 benchmarks/rank_step_times.py \
+      --model nemotron-h-8b --state-dtype float32 --batch "${s#rank-times-8b-b}" \
+      --tensor-parallel-size "$tp" --rounds "${ROUNDS:-2}" --output-dir "$out" ;;
     rank-times-9b-b*) step "$s" python3 benchmarks/rank_step_times.py --model nano-9b-v2 \
       --state-dtype bfloat16 --batch "${s#rank-times-9b-b}" --tensor-parallel-size "$tp" \
       --rounds "${ROUNDS:-1}" --output-dir "$out" ;;
