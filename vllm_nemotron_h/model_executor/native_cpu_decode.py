@@ -85,10 +85,10 @@ def mamba2_decode_native(
     x_rows, bc_rows = (batch, *params.x_row), (batch, *params.bc_row)
     y = step.out.view(x_rows)
     y.zero_()  # the native update leaves null rows unwritten
+    z = step.z.view(x_rows) if step.z is not None else None
     native_step = StateUpdateStep(
         x.view(x_rows), step.dt[:, :, None].expand(x_rows), params.A, B.view(bc_rows),
-        C.view(bc_rows), params.D, params.dt_bias, step.z.view(x_rows), slots_int32,
-        layer.null_slot, y,
+        C.view(bc_rows), params.D, params.dt_bias, z, slots_int32, layer.null_slot, y,
     )  # fmt: skip
     cpu_ops.state_update(layer.ssm_state, native_step)
     if layer.norm_weight is not None:
@@ -114,7 +114,7 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
         _, nheads, head_dim, d_state = state.shape
         K, n = rows.tokens_by_position.shape
         dt = step.dt[rows.tokens_by_position]  # (K, n, nheads)
-        z = step.z[rows.tokens_by_position].view(K, n, nheads, head_dim)
+        z = None if step.z is None else step.z[rows.tokens_by_position].view(K, n, nheads, head_dim)
         y = torch.empty(K, n, nheads, head_dim, dtype=conv.dtype)
 
         def update(
@@ -127,7 +127,7 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             x, B, C = split_xbc(conv[t], nheads, head_dim, d_state)
             one_token = StateUpdateStep(
                 x, dt[t, :, :, None].expand(x.shape), params.A, B, C, params.D,
-                params.dt_bias, z[t], reads, null_slot, y[t],
+                params.dt_bias, None if z is None else z[t], reads, null_slot, y[t],
             )  # fmt: skip
             cpu_ops.state_update(states, one_token, write_slots=writes)
 

@@ -44,7 +44,9 @@ class DecodeStep:
 
     xbc: torch.Tensor
     dt: torch.Tensor
-    z: torch.Tensor
+    # None: y left ungated (the CPU paths, whose mixer gates in its norm as vLLM's does);
+    # the Triton launches require it
+    z: torch.Tensor | None
     state_slots: torch.Tensor | None = None
     out: torch.Tensor | None = None
 
@@ -61,10 +63,11 @@ def state_update_step(
     layer: DecodeLayer, step: DecodeStep, conv: torch.Tensor, out: torch.Tensor | None
 ) -> StateUpdateStep:
     """The tail's second op: the state update of the conv output ``conv`` (split into x, B
-    and C), gated by z, into ``out`` (batch, nheads * head_dim) when given."""
+    and C), gated by z where given, into ``out`` (batch, nheads * head_dim) when given."""
     _, nheads, head_dim, d_state = layer.ssm_state.shape
     x, B, C = split_xbc(conv, nheads, head_dim, d_state)
-    z, y = step.z.reshape(x.shape), out.view(x.shape) if out is not None else None
+    z = step.z.reshape(x.shape) if step.z is not None else None
+    y = out.view(x.shape) if out is not None else None
     return StateUpdateStep(
         x, step.dt, layer.A, B, C, layer.D, layer.dt_bias, z, step.state_slots, layer.null_slot, y
     )

@@ -16,7 +16,7 @@ class SpeculativeStep:
 
     xbc: torch.Tensor
     dt: torch.Tensor
-    z: torch.Tensor
+    z: torch.Tensor | None  # None: y left ungated (the CPU paths; as DecodeStep.z)
     state_slots: torch.Tensor
     query_start: torch.Tensor
     num_accepted: torch.Tensor

@@ -203,5 +203,7 @@ def state_recurrence(
     if scale is not None:
         scale[rows.stored_slots] = _picked(scales.flatten(0, 1), positions)
     y = y + layer.D[:, None] * x
+    if step.z is None:
+        return y
     z = step.z[rows.tokens_by_position].float().view(y.shape)
     return y * torch.nn.functional.silu(z)

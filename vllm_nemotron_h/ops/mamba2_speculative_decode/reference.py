@@ -59,7 +59,8 @@ def mamba2_speculative_decode_reference(layer: DecodeLayer, step: SpeculativeSte
     heads_per_group = nheads // B.shape[1]
     group = torch.arange(nheads) // heads_per_group  # the group of each head
     A, D, dt_bias = (t.detach().cpu().double() for t in (layer.A, layer.D, layer.dt_bias))
-    dts, zs = step.dt.detach().cpu().double(), step.z.detach().cpu().double()
+    dts = step.dt.detach().cpu().double()
+    zs = step.z.detach().cpu().double() if step.z is not None else None
     y = torch.zeros(x.shape, dtype=torch.float64)
     for r in range(step.rows):
         if int(step.state_slots[r, 0]) == layer.null_slot:
@@ -82,9 +83,10 @@ def mamba2_speculative_decode_reference(layer: DecodeLayer, step: SpeculativeSte
                 if scale is not None:
                     scale[dst] = stored[1].to(scale)
             y[tok] = (s * C[tok, group][:, None, :]).sum(-1) + D[:, None] * x[tok]
-            y[tok] *= torch.nn.functional.silu(zs[tok].view(nheads, head_dim))
-    y = y.reshape(step.z.shape).to(step.z.dtype)
+            if zs is not None:
+                y[tok] *= torch.nn.functional.silu(zs[tok].view(nheads, head_dim))
+    y = y.reshape(step.xbc.shape[0], -1).to(step.xbc.dtype)
     if layer.norm_weight is not None:
         y = group_rms_norm_reference(y, group_norm(layer, B.shape[1])).to(y.dtype)
-    y = y.to(step.z.device)
+    y = y.to(step.xbc.device)
     return y if step.out is None else step.out.copy_(y)
