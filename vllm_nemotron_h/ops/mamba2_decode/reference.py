@@ -27,7 +27,7 @@ def mamba2_decode_reference(layer: DecodeLayer, step: DecodeStep) -> torch.Tenso
     conv = causal_conv1d_update_reference(conv_step(layer, step, None))
     ssu_step = state_update_step(layer, step, conv, None)
     y = selective_state_update_reference(layer.ssm_state, ssu_step, layer.ssm_scale)
-    y = y.reshape(step.xbc.shape[0], -1)
+    y = y.flatten(1)
     if layer.norm_weight is not None:
         y = group_rms_norm_reference(y, group_norm(layer, ssu_step.B.shape[1]))
     return y if step.out is None else step.out.copy_(y)

@@ -85,7 +85,7 @@ def mamba2_speculative_decode_reference(layer: DecodeLayer, step: SpeculativeSte
             y[tok] = (s * C[tok, group][:, None, :]).sum(-1) + D[:, None] * x[tok]
             if zs is not None:
                 y[tok] *= torch.nn.functional.silu(zs[tok].view(nheads, head_dim))
-    y = y.reshape(step.xbc.shape[0], -1).to(step.xbc.dtype)
+    y = y.flatten(1).to(step.xbc.dtype)
     if layer.norm_weight is not None:
         y = group_rms_norm_reference(y, group_norm(layer, B.shape[1])).to(y.dtype)
     y = y.to(step.xbc.device)
