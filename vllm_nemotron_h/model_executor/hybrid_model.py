@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 
-from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2
+from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2, norm_spans_ranks
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
 from vllm_nemotron_h.model_executor.native_cpu_decode import layout_runs_native_cpu_decode
 from vllm_nemotron_h.model_executor.validation import (
@@ -108,7 +108,7 @@ def describe(vllm_config: VllmConfig) -> str:
     if on_cpu():
         native = layout_runs_native_cpu_decode(layout)
         decode = (
-            "vLLM's native CPU conv and state-update ops with the plugin's group norm"
+            "vLLM's native CPU conv and state-update ops"
             if native
             else "the plugin's CPU path (PyTorch)"
         )
@@ -144,16 +144,36 @@ def describe(vllm_config: VllmConfig) -> str:
             "device table's batch x heads, three kernels above)"
         )
         prefill, moe = "kernels", "MoE layers vLLM's"
+    after_op = norm_after_op_description(vllm_config)
+    prefill_tail = ("" if after_op else "gated group norm, ") + "final states into their slots"
     return (
         f"vllm-nemotron-h {plugin_version()} serves NemotronHForCausalLM: Mamba2 decode on "
-        f"{decode}{speculation_description(vllm_config)}; "
+        f"{decode}{speculation_description(vllm_config)}{after_op}; "
         f"SSM state {state_description(vllm_config)}; {writes_description(vllm_config)}; "
-        f"the prefill's initial-state gather and its tail (gated group norm, final states "
-        f"into their slots) on the plugin's {prefill}, the prefill conv and chunked scan on "
-        f"vLLM's; attention, MLP, "
+        f"the prefill's initial-state gather and its tail ({prefill_tail}) on the plugin's "
+        f"{prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP, "
         f"RMSNorm and linear layers vLLM's, {moe}; Mamba prefix caching mode "
         f"{mamba_cache_mode(vllm_config)!r}; tensor parallel {tensor_parallel_size_of(vllm_config)}"
     )
+
+
+def norm_after_op_description(vllm_config: VllmConfig) -> str:
+    """Where the Mamba mixer gates and normalises after its op rather than in the op's tail
+    (the decode and prefill tails then leave y unnormalised), what the log adds."""
+    if on_cpu():
+        return (
+            ", the gate and group norm after the mixer op in the graph torch.compile fuses "
+            "(as vLLM's model)"
+        )
+    config = vllm_config.model_config.hf_config
+    if "M" in config.hybrid_override_pattern and norm_spans_ranks(
+        config.n_groups, tensor_parallel_size_of(vllm_config)
+    ):
+        return (
+            ", the group norm after the mixer op (its one group spans the tensor-parallel "
+            "ranks: the sum of squares all-reduced)"
+        )
+    return ""
 
 
 def speculation_description(vllm_config: VllmConfig) -> str:

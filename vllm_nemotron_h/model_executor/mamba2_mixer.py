@@ -54,6 +54,12 @@ from vllm_nemotron_h.vllm_boundary.prefill import ScanWeights, conv_prefill, sca
 PASS_THROUGH_DT = -1e4
 
 
+def norm_spans_ranks(n_groups: int, tp_size: int) -> bool:
+    """Whether a layer's group norm spans tensor-parallel ranks (n_groups == 1 split over
+    them): its sum of squares is all-reduced, so the mixer normalises after its op."""
+    return tp_size > 1 and n_groups == 1
+
+
 class PluginMambaMixer2(MambaMixer2):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -64,8 +70,7 @@ class PluginMambaMixer2(MambaMixer2):
         self.D = fp32_head_parameter(self.tped_heads)
         self.dt_bias = fp32_head_parameter(self.tped_heads)
         self.group_size = self.intermediate_size // kwargs["n_groups"]
-        # n_groups == 1 under TP: the one group spans ranks, its sum of squares is all-reduced.
-        self.norm_spans_ranks = self.tp_size > 1 and kwargs["n_groups"] == 1
+        self.norm_spans_ranks = norm_spans_ranks(kwargs["n_groups"], self.tp_size)
         self.norm_in_forward = on_cpu() or self.norm_spans_ranks
         self.gate_in_forward = on_cpu()
         self.state_layout = state_layout(current_vllm_config())
@@ -91,8 +96,10 @@ class PluginMambaMixer2(MambaMixer2):
         )
         mixer_op(projected_states, ssm_output, self.prefix)  # calls self.conv_ssm_forward
         if self.norm_in_forward:
-            gate = projected_states[:, : self.tped_intermediate_size]
-            ssm_output = self._group_norm(ssm_output, gate if self.gate_in_forward else None)
+            gate = None
+            if self.gate_in_forward:
+                gate = projected_states[:, : self.tped_intermediate_size]
+            ssm_output = self._group_norm(ssm_output, gate)
         output, _ = self.out_proj(ssm_output)
         return output
 

