@@ -21,6 +21,12 @@ second's: > 1 where the second, the plugin, is faster) and how many pairs the se
 the process alone moves these; ``plugin,builtin`` puts the plugin's engine first (its ratios
 then read > 1 where vLLM's is faster). ``--profile`` adds one first token of each engine under the
 torch profiler (step_profile.py's summaries: kernels by category, host ops by self time).
+``--host-samples`` samples the process's Python stacks with py-spy (``--py-spy``: its path)
+during each batch's first-token pairs and, apart, its whole-run pairs, without pausing it, and
+keeps for each engine the functions its calls spent host time in (milliseconds per call,
+inclusive, and the functions whose time differs most between the engines): where the host
+time of one engine's steps goes that the other's does not spend, with no profiler's per-op
+cost.
 
 A model per child process; its two engines share the device (``--memory-shares``: vLLM's
 gpu_memory_utilization of each; on a GPU vLLM counts the second's share from the memory left
@@ -31,6 +37,8 @@ does not fit twice on one H200. A tiny preset runs on CPU.
         --state-dtype bfloat16 --batches 1,32,128
     python benchmarks/paired_engines.py --models nano-9b-v2 --batches 1 --pair builtin,builtin
     python benchmarks/paired_engines.py --models nano-9b-v2 --batches 1 --profile
+    python benchmarks/paired_engines.py --models nano-9b-v2 --batches 1 --host-samples \
+        --py-spy /root/py-spy/py-spy
 """
 
 from __future__ import annotations
@@ -38,8 +46,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
+import time
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 from e2e import (
@@ -57,6 +71,10 @@ from step_profile import host_summary, start_profiler, stop_profiler, summary
 
 # (first engine, second engine)
 PAIRS = ("builtin,plugin", "plugin,builtin", "builtin,builtin", "plugin,plugin")
+# py-spy's samples per second (--host-samples); each engine's calls run under a function of
+# its own (generate_on_first_engine, generate_on_second_engine), which its stacks name
+SAMPLE_RATE = 1000
+ENGINE_FRAMES = ("generate_on_first_engine", "generate_on_second_engine")
 # vLLM's own class for the architecture, registered again for a built-in engine after a
 # plugin engine in one process
 BUILTIN_CLASS = "vllm.model_executor.models.nemotron_h:NemotronHForCausalLM"
@@ -69,6 +87,91 @@ def engine_names(pair: tuple[str, str]) -> tuple[str, str]:
     return (first, second) if first != second else (f"{first}-first", f"{second}-second")
 
 
+def generate_on_first_engine(llm, prompts: list[dict], n: int) -> float:
+    """``timed_generate`` on the first engine, under a frame that names it in py-spy's stacks."""
+    return timed_generate(llm, prompts, n)
+
+
+def generate_on_second_engine(llm, prompts: list[dict], n: int) -> float:
+    """``timed_generate`` on the second engine (see generate_on_first_engine)."""
+    return timed_generate(llm, prompts, n)
+
+
+@contextmanager
+def host_samples(py_spy: str | None, path: Path):
+    """py-spy sampling this process (every thread, not paused) into ``path`` (its raw
+    format: a line per distinct stack with its count) while the block runs; nothing
+    without ``py_spy``."""
+    if py_spy is None:
+        yield
+        return
+    cmd = [py_spy, "record", "--pid", str(os.getpid()), "--rate", str(SAMPLE_RATE),
+           "--nonblocking", "--format", "raw", "-o", str(path)]  # fmt: skip
+    sampler = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.0)  # attached
+    try:
+        yield
+    finally:
+        sampler.send_signal(signal.SIGINT)
+        log = sampler.communicate(timeout=120)[0]
+        if not path.exists():
+            raise RuntimeError(f"py-spy wrote no samples: {log}")
+
+
+def host_sample_summary(raw: str, names: list[str], calls: int, top: int = 80) -> dict:
+    """Per engine, from py-spy's raw stacks: the host milliseconds per call (``calls`` of
+    each engine) under its ``ENGINE_FRAMES`` function, in all and by function (inclusive,
+    "function (file)"; each function once per stack), the ``top`` of each, and the ``top``
+    functions whose time differs most between the engines."""
+    per_engine = {name: Counter() for name in names}
+    totals = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [_function_of(f) for f in stack.split(";")]
+        for name, engine_frame in zip(names, ENGINE_FRAMES):
+            starts = [i for i, f in enumerate(frames) if f.startswith(engine_frame + " ")]
+            if starts:
+                totals[name] += int(count)
+                per_engine[name].update(set(frames[starts[0] + 1 :]) | {"(all)"})
+    ms = 1e3 / SAMPLE_RATE / max(calls, 1)
+
+    def per_call(counter: Counter, function: str) -> float:
+        return round(counter[function] * ms, 3)
+
+    functions = set().union(*per_engine.values())
+    differ = sorted(
+        functions,
+        key=lambda f: -abs(per_engine[names[0]][f] - per_engine[names[1]][f]),
+    )[:top]
+    return dict(
+        sample_rate=SAMPLE_RATE,
+        calls=calls,
+        samples={name: totals[name] for name in names},
+        ms_per_call={
+            name: [[f, per_call(c, f)] for f, _ in c.most_common(top)]
+            for name, c in per_engine.items()
+        },
+        differ_ms_per_call=[[f, *(per_call(per_engine[n], f) for n in names)] for f in differ],
+    )
+
+
+def _function_of(frame: str) -> str:
+    """ "name (path/to/file.py:123)" -> "name (package/file.py)": the line dropped, the path
+    from its package on; torch.compile's generated modules (a file named by its hash, one
+    per engine) as one."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    if re.fullmatch(r"c[a-z0-9]{51}\.py", path.rsplit("/", 1)[-1]):
+        return f"{name} (torch.compile's generated code)"
+    for marker in ("site-packages/", "vllm-site/", "/tree-"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            if marker == "/tree-":  # a GPU host job's copy of the checkout: /root/tree-NAME/
+                path = path.split("/", 1)[-1]
+            break
+    return f"{name} ({path})"
+
+
 def child(
     model: str,
     state_dtype: str,
@@ -78,6 +181,8 @@ def child(
     memory_shares: list[float],
     pair: list[str],
     profile: bool,
+    py_spy: str | None = None,
+    samples_dir: str | None = None,
 ) -> dict:
     import torch
     from vllm import SamplingParams
@@ -119,7 +224,8 @@ def child(
         raise RuntimeError(f"{names[0]} gives other tokens once the second engine started")
 
     def timed(name: str, prompts: list[dict], n: int) -> float:
-        return timed_generate(engines[name], prompts, n)
+        generate = generate_on_first_engine if name == names[0] else generate_on_second_engine
+        return generate(engines[name], prompts, n)
 
     def pairs(count: int, prompts: list[dict], n: int) -> dict[str, list[float]]:
         seconds: dict[str, list[float]] = {k: [] for k in names}
@@ -136,19 +242,30 @@ def child(
         kernels, host = engines[name].collective_rpc(stop_profiler)[0]
         return dict(summary(kernels, 1e6 * wall_s), host_top=host_summary(host))
 
+    def sampled_pairs(cell: dict, phase: str, count: int, prompts: list[dict], n: int) -> dict:
+        """``pairs``, sampled by py-spy where asked (into ``cell["host_samples"][phase]``)."""
+        raw = Path(samples_dir or ".") / f"host-samples-{model}-b{len(prompts)}-{phase}.txt"
+        with host_samples(py_spy, raw):
+            seconds = pairs(count, prompts, n)
+        if py_spy is not None:
+            sampled = host_sample_summary(raw.read_text(), list(names), count)
+            cell.setdefault("host_samples", {})[phase] = sampled
+        return seconds
+
     out = dict(model_class=classes, engines=names, batches={})
     for b in batches:
         prompts = random_prompts(engines[names[0]], b, gen)
         for name in names:  # compiles (mixed prefill and decode steps too) land here
             timed(name, prompts, NEW_TOKENS + 1)
-        ttft = pairs(ttft_pairs, prompts, 1)
-        whole = pairs(decode_pairs, prompts, NEW_TOKENS + 1)
+        cell = out["batches"][b] = {}
+        ttft = sampled_pairs(cell, "first_token", ttft_pairs, prompts, 1)
+        whole = sampled_pairs(cell, "whole_run", decode_pairs, prompts, NEW_TOKENS + 1)
         first = {k: statistics.median(ttft[k]) for k in names}
-        decode = {k: [w - first[k] for w in whole[k]] for k in names}
-        out["batches"][b] = dict(ttft_s=ttft, decode_s=decode)
-        print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", file=sys.stderr, flush=True)
+        cell.update(ttft_s=ttft, decode_s={k: [w - first[k] for w in whole[k]] for k in names})
+        times = dict(ttft_s=cell["ttft_s"], decode_s=cell["decode_s"])
+        print(f"{model} {state_dtype} B={b}: {times}", file=sys.stderr, flush=True)
         if profile:
-            out["batches"][b]["profile"] = {k: profiled_first_token(k, prompts) for k in names}
+            cell["profile"] = {k: profiled_first_token(k, prompts) for k in names}
     return out
 
 
@@ -179,8 +296,9 @@ def row_of(model: str, state_dtype: str, batch: int, names: list[str], cell: dic
                 f"{what}_pairs": len(ratios),
             }
         )
-    if "profile" in cell:
-        row["profile"] = cell["profile"]
+    for key in ("profile", "host_samples"):
+        if key in cell:
+            row[key] = cell[key]
     return row
 
 
@@ -233,6 +351,12 @@ def print_row(row: dict) -> None:
         f"{row['decode_pairs']})",
         flush=True,
     )
+    for phase, samples in row.get("host_samples", {}).items():
+        print(f"  host samples, {phase} (ms per call, {samples['samples']} samples at "
+              f"{samples['sample_rate']}/s): where the engines differ most")  # fmt: skip
+        print(f"    {first:>10s} {second:>10s}  function")
+        for function, a, b in samples["differ_ms_per_call"][:25]:
+            print(f"    {a:10.3f} {b:10.3f}  {function}")
     for name, prof in row.get("profile", {}).items():
         print(f"  {name} profiled first token: wall {prof['wall_us']:.0f} us, kernels "
               f"{prof['kernel_us']:.0f} us {prof['categories']}")  # fmt: skip
@@ -268,6 +392,14 @@ def main() -> None:
         help="after the pairs, one time to first token of each engine under the torch "
         "profiler: kernel time by category and the host ops that took the most time",
     )
+    ap.add_argument(
+        "--host-samples",
+        action="store_true",
+        help="sample the host's Python stacks with py-spy during the first-token and the "
+        "whole-run pairs: each engine's host milliseconds per call by function (raw stacks "
+        "beside --output)",
+    )
+    ap.add_argument("--py-spy", default="py-spy", help="py-spy's path, for --host-samples")
     ap.add_argument("--moe-routing", default=None, help="as e2e.py's, for both engines")
     ap.add_argument("--output", type=Path, help="default: results/paired-engines-<gpu>.json")
     args = ap.parse_args()
@@ -282,6 +414,7 @@ def main() -> None:
         decode_pairs=args.decode_pairs,
         memory_shares=memory_shares,
         profiled=args.profile,
+        host_samples=args.host_samples,
         moe_routing=args.moe_routing,
     )
     env = dict(VLLM_ENABLE_V1_MULTIPROCESSING="0")
@@ -289,6 +422,7 @@ def main() -> None:
         env[MOE_ROUTING_ENV] = args.moe_routing
     batches = [int(b) for b in args.batches.split(",")]
     pair = args.pair.split(",")
+    path.parent.mkdir(parents=True, exist_ok=True)  # the child's raw samples go beside it
     for model in args.models.split(","):
         model_files(model)  # before any engine, as e2e.py
         spec = dict(
@@ -300,6 +434,8 @@ def main() -> None:
             memory_shares=memory_shares,
             pair=pair,
             profile=args.profile,
+            py_spy=args.py_spy if args.host_samples else None,
+            samples_dir=str(path.parent.resolve()),
         )
         # the child starts as the first engine's implementation; it registers the plugin
         # itself before a plugin engine that follows vLLM's (vLLM's class before a built-in
@@ -311,7 +447,6 @@ def main() -> None:
             key = ("model", "state_dtype", "batch", "engines")
             doc["rows"] = [r for r in doc["rows"] if any(r[k] != row[k] for k in key)] + [row]
             print_row(row)
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1))
     plot(doc, path.with_suffix(".png"))
 

@@ -54,6 +54,10 @@
 #   paired-profile-M the pair at B=1 with one time to first token of each engine profiled
 #               (kernels by category, host ops by self time), into
 #               LOG_DIR/paired-engines-profile-<gpu>.json
+#   host-samples-M the pair (vLLM's engine first) at B=1, its 20 first-token and 2 whole-run
+#               pairs sampled by py-spy (setup.sh installs it where its wheel was carried):
+#               each engine's host time per call by function, into
+#               LOG_DIR/paired-engines-host-samples-<gpu>.json (the raw stacks beside it)
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
 #   deferred-floor a deferred step's bytes moved without arithmetic (deferred_state_floor.py),
 #               int8 / bf16 / fp32 checkpoints
@@ -168,6 +172,11 @@ for s in "$@"; do
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
         --batches 1 --ttft-pairs 6 --decode-pairs 1 --profile \
         --output "$out/paired-engines-profile-$gpu.json" ;;
+    host-samples-8b|host-samples-9b)
+      model=$(shape_of "$s")
+      step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
+        --batches 1 --decode-pairs 2 --host-samples --py-spy /root/py-spy \
+        --output "$out/paired-engines-host-samples-$gpu.json" ;;
     deferred-choice)
       step deferred-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
         tests/gpu/test_engine_gpu.py -k deferred

@@ -10,5 +10,14 @@ bash .gpuenv/stash.sh .gpuenv > /dev/null
 if [ -e .gpuenv/ray-part ] && ! python3 -c "import ray" 2>/dev/null; then
   bash .gpuenv/install_ray.sh .gpuenv/ray-part
 fi
+# py-spy (paired_engines.py --host-samples: gpu_job.sh host-samples-M), where its wheel came along
+for wheel in .gpuenv/py_spy-*.whl; do
+  [ -e "$wheel" ] || continue
+  python3 -c "import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+open('/root/py-spy', 'wb').write(z.read(next(n for n in z.namelist() if n.endswith('/py-spy'))))" \
+    "$wheel"
+  chmod +x /root/py-spy
+done
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /root/vllm-site .
 python3 -c "import torch; print(torch.cuda.device_count(), 'x', torch.cuda.get_device_name())"

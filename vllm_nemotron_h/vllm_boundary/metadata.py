@@ -62,6 +62,11 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
     ``complete`` count them itself for the other steps (vLLM 0.32 passes them every step:
     ``accepted_counts_every_step``)."""
 
+    # The metadata's fields made once per step (in build, or at complete's first call), which
+    # the copies for the other groups share: carried into each copy by name, whatever vLLM's
+    # update_block_table copies.
+    step_fields: tuple[str, ...] = ("prompt_rows_d", "placeholder_prefills", "query_start_rows")
+
     def complete(self, metadata: Mamba2AttentionMetadata) -> Mamba2AttentionMetadata:
         return metadata
 
@@ -96,7 +101,10 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
     def update_block_table(
         self, metadata: Mamba2AttentionMetadata, blk_table: torch.Tensor, slot_mapping: torch.Tensor
     ) -> Mamba2AttentionMetadata:
-        return self.complete(super().update_block_table(metadata, blk_table, slot_mapping))
+        updated = super().update_block_table(metadata, blk_table, slot_mapping)
+        for name in self.step_fields:
+            setattr(updated, name, getattr(metadata, name))
+        return self.complete(updated)
 
 
 @dataclass
