@@ -132,7 +132,8 @@ def host_sample_summary(raw: str, names: list[str], calls: int, top: int = 80) -
             starts = [i for i, f in enumerate(frames) if f.startswith(engine_frame + " ")]
             if starts:
                 totals[name] += int(count)
-                per_engine[name].update(set(frames[starts[0] + 1 :]) | {"(all)"})
+                for function in set(frames[starts[0] + 1 :]) | {"(all)"}:
+                    per_engine[name][function] += int(count)
     ms = 1e3 / SAMPLE_RATE / max(calls, 1)
 
     def per_call(counter: Counter, function: str) -> float:
