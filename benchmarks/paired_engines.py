@@ -9,7 +9,10 @@ first (the plugin disabled), then, after the plugin registers its model class, t
 each engine's model class is checked); ``--pair plugin,builtin`` builds them the other way
 round (vLLM's class registered again for the second), both with vLLM's engine core in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0: no IPC in either, and no step overlapped with the next
-one's scheduling) and CUDA graphs captured for ``--batches``. vLLM 0.26 clears every engine's
+one's scheduling) and CUDA graphs captured for ``--batches`` (``--engine-batches``: engines
+built for other batches than those timed, e.g. a B=1 run whose 128-token prompt replays the
+piecewise graphs captured for 128 tokens, as in a 1,32,128 run; built for B=1 alone, that
+prefill runs the compiled pieces without graphs). vLLM 0.26 clears every engine's
 graphs in the process when an engine starts, so the first engine captures its graphs again
 and must then give the greedy tokens it gave before. Per batch: a whole warm-up run on each,
 then ``--ttft-pairs`` pairs of ``generate(max_tokens=1)`` (time to first token of the whole
@@ -184,6 +187,7 @@ def child(
     profile: bool,
     py_spy: str | None = None,
     samples_dir: str | None = None,
+    engine_batches: list[int] | None = None,
 ) -> dict:
     import torch
     from vllm import SamplingParams
@@ -193,7 +197,8 @@ def child(
 
     names = engine_names((pair[0], pair[1]))
     cuda = torch.cuda.is_available()
-    engines = {names[0]: build_llm(model, state_dtype, batches, NEW_TOKENS, memory_shares[0])}
+    built_for = engine_batches or batches  # max_num_seqs and the CUDA-graph sizes
+    engines = {names[0]: build_llm(model, state_dtype, built_for, NEW_TOKENS, memory_shares[0])}
     gen = torch.Generator().manual_seed(0)
     check = random_prompts(engines[names[0]], min(batches), gen)
     greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -209,7 +214,7 @@ def child(
     # model_impl "vllm" (the default is "auto"): vLLM resolves the model class again instead
     # of reusing the first engine's, which it caches per model path and implementation
     engines[names[1]] = build_llm(
-        model, state_dtype, batches, NEW_TOKENS, memory_shares[1], model_impl="vllm"
+        model, state_dtype, built_for, NEW_TOKENS, memory_shares[1], model_impl="vllm"
     )
     classes = {k: llm.apply_model(model_class_name)[0] for k, llm in engines.items()}
     for impl, name in zip(pair, names):
@@ -372,6 +377,12 @@ def main() -> None:
     ap.add_argument("--models", default="nemotron-h-8b,nano-9b-v2")
     ap.add_argument("--state-dtype", default="bfloat16")
     ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument(
+        "--engine-batches",
+        default=None,
+        help="the batches the engines are built for (max_num_seqs, CUDA-graph sizes; default "
+        "--batches): a subset of them timed in engines as a run of all would build",
+    )
     ap.add_argument("--ttft-pairs", type=int, default=20)
     ap.add_argument("--decode-pairs", type=int, default=4)
     ap.add_argument(
@@ -422,6 +433,9 @@ def main() -> None:
     if args.moe_routing:
         env[MOE_ROUTING_ENV] = args.moe_routing
     batches = [int(b) for b in args.batches.split(",")]
+    engine_batches = [int(b) for b in (args.engine_batches or args.batches).split(",")]
+    if max(batches) > max(engine_batches):
+        ap.error(f"--engine-batches {engine_batches} must reach the largest of --batches")
     pair = args.pair.split(",")
     path.parent.mkdir(parents=True, exist_ok=True)  # the child's raw samples go beside it
     for model in args.models.split(","):
@@ -437,6 +451,7 @@ def main() -> None:
             profile=args.profile,
             py_spy=args.py_spy if args.host_samples else None,
             samples_dir=str(path.parent.resolve()),
+            engine_batches=engine_batches,
         )
         # the child starts as the first engine's implementation; it registers the plugin
         # itself before a plugin engine that follows vLLM's (vLLM's class before a built-in
@@ -445,8 +460,9 @@ def main() -> None:
         for b in batches:
             row = row_of(model, args.state_dtype, b, result["engines"], result["batches"][str(b)])
             row["classes"] = result["model_class"]
-            key = ("model", "state_dtype", "batch", "engines")
-            doc["rows"] = [r for r in doc["rows"] if any(r[k] != row[k] for k in key)] + [row]
+            row["engine_batches"] = engine_batches
+            key = ("model", "state_dtype", "batch", "engines", "engine_batches")
+            doc["rows"] = [r for r in doc["rows"] if any(r.get(k) != row[k] for k in key)] + [row]
             print_row(row)
         path.write_text(json.dumps(doc, indent=1))
     plot(doc, path.with_suffix(".png"))

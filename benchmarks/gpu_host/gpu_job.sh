@@ -49,6 +49,9 @@
 #               LOG_DIR/paired-engines-<gpu>.json
 #   paired-reversed-M the same with the plugin's engine first, vLLM's second: which of the two
 #               an engine's place in the process favours
+#   The B=1-only steps below build their engines as paired-M does (--engine-batches
+#   1,32,128: the lone 128-token prompt replays the piecewise graphs captured for 128
+#   tokens; engines built for B=1 alone run it without graphs, another regime):
 #   paired-control-M the same at B=1 with one implementation in both engines (vLLM's, then
 #               the plugin's): how far an engine's position in the process moves its times
 #   paired-profile-M the pair at B=1 with one time to first token of each engine profiled
@@ -164,18 +167,20 @@ for s in "$@"; do
       model=$(shape_of "$s")
       for pair in builtin,builtin plugin,plugin; do
         step "$s-${pair%%,*}" python3 benchmarks/paired_engines.py --models "$model" \
-          --state-dtype bfloat16 --batches 1 --decode-pairs 2 --pair "$pair" \
+          --state-dtype bfloat16 --batches 1 --engine-batches 1,32,128 --decode-pairs 2 \
+          --pair "$pair" \
           --output "$out/paired-engines-$gpu.json"
       done ;;
     paired-profile-8b|paired-profile-9b)
       model=$(shape_of "$s")
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
-        --batches 1 --ttft-pairs 6 --decode-pairs 1 --profile \
+        --batches 1 --engine-batches 1,32,128 --ttft-pairs 6 --decode-pairs 1 --profile \
         --output "$out/paired-engines-profile-$gpu.json" ;;
     host-samples-8b|host-samples-9b)
       model=$(shape_of "$s")
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
-        --batches 1 --decode-pairs 2 --host-samples --py-spy /root/py-spy \
+        --batches 1 --engine-batches 1,32,128 --decode-pairs 2 --host-samples \
+        --py-spy /root/py-spy \
         --output "$out/paired-engines-host-samples-$gpu.json" ;;
     deferred-choice)
       step deferred-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
