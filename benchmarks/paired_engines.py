@@ -41,7 +41,7 @@ does not fit twice on one H200. A tiny preset runs on CPU.
     python benchmarks/paired_engines.py --models nano-9b-v2 --batches 1 --pair builtin,builtin
     python benchmarks/paired_engines.py --models nano-9b-v2 --batches 1 --profile
     python benchmarks/paired_engines.py --models nano-9b-v2 --batches 1 --host-samples \
-        --py-spy /root/py-spy/py-spy
+        --py-spy /root/py-spy
 """
 
 from __future__ import annotations
@@ -185,9 +185,9 @@ def child(
     memory_shares: list[float],
     pair: list[str],
     profile: bool,
+    engine_batches: list[int],
     py_spy: str | None = None,
     samples_dir: str | None = None,
-    engine_batches: list[int] | None = None,
 ) -> dict:
     import torch
     from vllm import SamplingParams
@@ -197,8 +197,10 @@ def child(
 
     names = engine_names((pair[0], pair[1]))
     cuda = torch.cuda.is_available()
-    built_for = engine_batches or batches  # max_num_seqs and the CUDA-graph sizes
-    engines = {names[0]: build_llm(model, state_dtype, built_for, NEW_TOKENS, memory_shares[0])}
+    # engine_batches: max_num_seqs and the CUDA-graph sizes
+    engines = {
+        names[0]: build_llm(model, state_dtype, engine_batches, NEW_TOKENS, memory_shares[0])
+    }
     gen = torch.Generator().manual_seed(0)
     check = random_prompts(engines[names[0]], min(batches), gen)
     greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -214,7 +216,7 @@ def child(
     # model_impl "vllm" (the default is "auto"): vLLM resolves the model class again instead
     # of reusing the first engine's, which it caches per model path and implementation
     engines[names[1]] = build_llm(
-        model, state_dtype, built_for, NEW_TOKENS, memory_shares[1], model_impl="vllm"
+        model, state_dtype, engine_batches, NEW_TOKENS, memory_shares[1], model_impl="vllm"
     )
     classes = {k: llm.apply_model(model_class_name)[0] for k, llm in engines.items()}
     for impl, name in zip(pair, names):
