@@ -4,11 +4,15 @@ module of the plugin reaches into vLLM, and the plugin never imports the testing
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 import vllm
 
 from vllm_nemotron_h.vllm_boundary import TESTED_VLLM, TOUCHPOINTS, Touchpoint
@@ -68,10 +72,6 @@ def test_prompt_rows_of_a_decode_rows_tokens_run_as_decodes():
     before it), and under speculative decoding a prompt chunk of 1 + drafts tokens (a first
     chunk or a later one). Where the split leaves a placeholder row among the prefills, its
     placeholder tokens are named for the prefill to pass the state through."""
-    from types import SimpleNamespace
-
-    import torch
-
     from vllm_nemotron_h.vllm_boundary.metadata import PlaceholderPrefills, prompt_rows_as_decodes
 
     # Rows: a decode with 2 drafts, a 3-token prompt, a 1-token prompt with 2 placeholders,
@@ -117,3 +117,119 @@ def test_the_builder_counts_accepted_tokens_only_where_vllm_gives_none():
 
     expected = {"0.26.0": False, "0.32.0": True}[vllm.__version__.split("+")[0]]
     assert accepted_counts_every_step() is expected
+
+
+class RecordingAutotuner:
+    """Stands in for a Triton Autotuner: records the launches through it and through its
+    kernel, and picks a config at each launch through it, as the autotuner does."""
+
+    def __init__(self) -> None:
+        self.tuned, self.launched = [], []
+        self.fn = SimpleNamespace(run=lambda *a, **kw: self.launched.append((a, kw)))
+
+    def __getitem__(self, grid):
+        def tune(*args, **kwargs):
+            self.tuned.append((grid, args, kwargs))
+            self.best_config = SimpleNamespace(all_kwargs=lambda: {"BLOCK": 64, "num_warps": 4})
+
+        return tune
+
+
+def test_a_tuned_launch_goes_through_the_autotuner_once_then_with_its_choice():
+    from vllm_nemotron_h.vllm_boundary.prefill import TunedLaunch
+
+    autotuner = RecordingAutotuner()
+    launch = TunedLaunch(autotuner)
+    launch[(3, 1)](x_ptr="x", n=5)
+    assert autotuner.tuned == [((3, 1), (), {"x_ptr": "x", "n": 5})] and not autotuner.launched
+    launch[(4, 2)](x_ptr="y", n=6)
+    launch[(5, 2)]("z", n=7)
+    assert len(autotuner.tuned) == 1
+    assert autotuner.launched == [
+        ((), {"x_ptr": "y", "n": 6, "grid": (4, 2), "warmup": False, "BLOCK": 64, "num_warps": 4}),
+        (("z",), {"n": 7, "grid": (5, 2), "warmup": False, "BLOCK": 64, "num_warps": 4}),
+    ]
+
+
+def test_tuned_scan_kernels_stand_in_for_vllms_only_while_entered():
+    """Inside, each of vLLM's scan kernels is a stand-in for it, one set per signature and
+    kept across entries; after leaving, also by an error, vLLM's module globals are its own."""
+    from vllm_nemotron_h.vllm_boundary.prefill import SCAN_KERNELS, TunedScanKernels
+
+    vllms = [getattr(module, name) for module, name in SCAN_KERNELS]
+    signature = ("test", len(vllms))
+    tuned = TunedScanKernels(signature)
+    with pytest.raises(RuntimeError, match="scan failed"), tuned:
+        inside = [getattr(module, name) for module, name in SCAN_KERNELS]
+        raise RuntimeError("scan failed")
+    assert [launch.autotuner for launch in inside] == vllms
+    assert not any(a is b for a, b in zip(inside, vllms))
+    assert [getattr(module, name) for module, name in SCAN_KERNELS] == vllms
+    assert TunedScanKernels(signature).launches is tuned.launches
+    assert TunedScanKernels((*signature, "other")).launches is not tuned.launches
+
+
+def scan_chunks(lengths: list[int], chunk_size: int, device: str):
+    """vLLM's chunk metadata for prompts of ``lengths`` with no tokens before them:
+    (cu_seqlens, (seq_idx, cu_chunk_seqlens, last_chunk_indices)), int32."""
+    cu_chunks, seq_idx, last = [0], [], []
+    start = 0
+    for row, n in enumerate(lengths):
+        for first in range(0, n, chunk_size):
+            cu_chunks.append(start + min(first + chunk_size, n))
+            seq_idx.append(row)
+        last.append(len(seq_idx) - 1)
+        start += n
+    cu_seqlens = [0, *itertools.accumulate(lengths)]
+    as_int32 = functools.partial(torch.tensor, dtype=torch.int32, device=device)
+    return as_int32(cu_seqlens), (as_int32(seq_idx), as_int32(cu_chunks), as_int32(last))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lengths", [[128], [37, 300, 5]])
+@pytest.mark.parametrize("initial", [False, True], ids=["no-initial", "initial"])
+def test_the_plugins_scan_equals_vllms_and_skips_its_autotuners(
+    monkeypatch, state_dtype, lengths, initial
+):
+    """On a Mamba layer of Nano 9B v2's shape: the plugin's scan (vLLM's kernels with their
+    tuned configs) gives vLLM's scan's y and final states bit for bit, and once resolved it
+    launches no kernel through an autotuner."""
+    from vllm_nemotron_h.vllm_boundary import prefill
+
+    heads, head_dim, groups, d_state, chunk_size = 128, 80, 8, 128, 128
+    n, dev = sum(lengths), "cuda"
+    w = prefill.ScanWeights(
+        -torch.rand(heads, device=dev) - 0.5, torch.randn(heads, device=dev),
+        torch.randn(heads, device=dev), heads, head_dim, groups, d_state, 3,
+    )  # fmt: skip
+    x = torch.randn(n, heads * head_dim, device=dev, dtype=torch.bfloat16)
+    B, C = torch.randn(2, n, groups * d_state, device=dev, dtype=torch.bfloat16)
+    dt = torch.randn(n, heads, device=dev, dtype=torch.bfloat16)
+    init = None
+    if initial:
+        init = torch.randn(len(lengths), heads, head_dim, d_state, device=dev).to(state_dtype)
+    cu_seqlens, chunks = scan_chunks(lengths, chunk_size, dev)
+    md = SimpleNamespace(chunk_size=chunk_size)
+    args = (md, w, x, B, C, dt)
+    tail = (init, state_dtype, False, cu_seqlens, chunks)
+
+    vllm_out = torch.empty_like(x)
+    vllm_states = prefill._vllm_scan(*args, vllm_out, *tail)
+    tuned_runs = [prefill._scan(*args, torch.empty_like(x), *tail) for _ in range(2)]
+
+    autotuner_class = type(getattr(*prefill.SCAN_KERNELS[0]))
+    through_autotuners = []
+    run = autotuner_class.run
+    monkeypatch.setattr(
+        autotuner_class,
+        "run",
+        lambda self, *a, **kw: through_autotuners.append(self) or run(self, *a, **kw),
+    )
+    out = torch.empty_like(x)
+    states = prefill._scan(*args, out, *tail)
+    torch.cuda.synchronize()
+    assert through_autotuners == []
+    assert torch.equal(out, vllm_out) and torch.equal(states, vllm_states)
+    assert all(torch.equal(s, vllm_states) for s in tuned_runs)

@@ -61,6 +61,12 @@
 #               pairs sampled by py-spy (setup.sh installs it where its wheel was carried):
 #               each engine's host time per call by function, into
 #               LOG_DIR/paired-engines-host-samples-<gpu>.json (the raw stacks beside it)
+#   scan-host   the host time of one layer's prefill scan, vLLM's wrapper through its
+#               autotuners against the plugin's tuned launches (8B and 9B shapes, 1 and 32
+#               prompts of 128 tokens), then the boundary tests on this vLLM (the scan's
+#               equality) and the engine tests through prefills (fp32 tokens against
+#               transformers and the built-in; prefix caching mode 'all', whose prefills
+#               start from cached states), into LOG_DIR/prefill-scan-host-time-<gpu>.json
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
 #   deferred-floor a deferred step's bytes moved without arithmetic (deferred_state_floor.py),
 #               int8 / bf16 / fp32 checkpoints
@@ -188,6 +194,13 @@ for s in "$@"; do
       step deferred-choice-e2e python3 benchmarks/e2e.py --models nemotron-h-8b \
         --state-dtypes int8,int8-deferred16 --impls plugin --batches 32,128 --repeats 3 \
         --output "$out/e2e-8b-int8-deferred-choice-$gpu.json" ;;
+    scan-host)
+      step scan-host python3 benchmarks/prefill_scan_host_time.py \
+        --output "$out/prefill-scan-host-time-$gpu.json"
+      step boundary-tests python3 -m pytest -q -p no:cacheprovider \
+        tests/test_vllm_boundary.py
+      step scan-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/gpu/test_engine_gpu.py -k "fp32_eager or mamba_cache_mode_all" ;;
     int8-floor) step int8-floor python3 benchmarks/kernels/int8_state_floor.py \
       --models nemotron-h-8b,nano-9b-v2 --output "$out/kernels-int8_state_floor-$gpu.json" ;;
     deferred-floor) step deferred-floor python3 benchmarks/kernels/deferred_state_floor.py \

@@ -144,6 +144,12 @@ def describe(vllm_config: VllmConfig) -> str:
             "device table's batch x heads, three kernels above)"
         )
         prefill, moe = "kernels", "MoE layers vLLM's"
+    scan_launches = (
+        ""
+        if on_cpu()
+        else " (the scan's kernels with the configs its autotuner chose, "
+        "resolved once per layer shape and dtypes)"
+    )
     after_op = norm_after_op_description(vllm_config)
     prefill_tail = ("" if after_op else "gated group norm, ") + "final states into their slots"
     return (
@@ -151,7 +157,7 @@ def describe(vllm_config: VllmConfig) -> str:
         f"{decode}{speculation_description(vllm_config)}{after_op}; "
         f"SSM state {state_description(vllm_config)}; {writes_description(vllm_config)}; "
         f"the prefill's initial-state gather and its tail ({prefill_tail}) on the plugin's "
-        f"{prefill}, the prefill conv and chunked scan on vLLM's; attention, MLP, "
+        f"{prefill}, the prefill conv and chunked scan on vLLM's{scan_launches}; attention, MLP, "
         f"RMSNorm and linear layers vLLM's, {moe}; Mamba prefix caching mode "
         f"{mamba_cache_mode(vllm_config)!r}; tensor parallel {tensor_parallel_size_of(vllm_config)}"
     )

@@ -4,12 +4,14 @@ Nemotron-H asks for a ``MambaMixer2`` (vllm_boundary.layers.plugin_layers).
 
 Per step, inside vLLM's ``vllm::mamba_mixer2`` op (a CUDA-graph split point), through the
 layer's plan (decode_plan.py: checked once, then launches only):
-    prefill rows: vLLM's causal_conv1d_fn and chunked scan, without the gate (CPU ops on CPU),
-                  then the prefill tail in one launch (ops/mamba2_prefill_tail): the group
-                  norm with the silu(z) gate, no rstd stored, and the final SSM states into
-                  the rows' slots (vLLM's scan with z took 5x longer: 807 vs 155 us per
-                  128-token prefill of Nemotron-H 8B on the H100, step_profile.py); initial
-                  states are gathered from the slots (state_slot_copy)
+    prefill rows: vLLM's causal_conv1d_fn and chunked scan, without the gate (CPU ops on CPU;
+                  on a GPU the scan's kernels with their tuned configs resolved once:
+                  vllm_boundary/prefill.py), then the prefill tail in one launch
+                  (ops/mamba2_prefill_tail): the group norm with the silu(z) gate, no rstd
+                  stored, and the final SSM states into the rows' slots (vLLM's scan with z
+                  took 5x longer: 807 vs 155 us per 128-token prefill of Nemotron-H 8B on
+                  the H100, step_profile.py); initial states are gathered from the slots
+                  (state_slot_copy)
     decode rows:  the decode tail (ops/mamba2_decode; under speculative decoding, with a row's
                   target and draft tokens and a state kept per token,
                   ops/mamba2_speculative_decode): conv update -> state update (softplus,

