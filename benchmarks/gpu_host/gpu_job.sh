@@ -49,11 +49,11 @@
 #               LOG_DIR/paired-engines-<gpu>.json
 #   paired-reversed-M the same with the plugin's engine first, vLLM's second: which of the two
 #               an engine's place in the process favours
+#   paired-control-M the same with one implementation in both engines (vLLM's, then the
+#               plugin's): how far an engine's position in the process moves its times
 #   The B=1-only steps below build their engines as paired-M does (--engine-batches
 #   1,32,128: the lone 128-token prompt replays the piecewise graphs captured for 128
 #   tokens; engines built for B=1 alone run it without graphs, another regime):
-#   paired-control-M the same at B=1 with one implementation in both engines (vLLM's, then
-#               the plugin's): how far an engine's position in the process moves its times
 #   paired-profile-M the pair at B=1 with one time to first token of each engine profiled
 #               (kernels by category, host ops by self time), into
 #               LOG_DIR/paired-engines-profile-<gpu>.json
@@ -173,8 +173,7 @@ for s in "$@"; do
       model=$(shape_of "$s")
       for pair in builtin,builtin plugin,plugin; do
         step "$s-${pair%%,*}" python3 benchmarks/paired_engines.py --models "$model" \
-          --state-dtype bfloat16 --batches 1 --engine-batches 1,32,128 --decode-pairs 2 \
-          --pair "$pair" \
+          --state-dtype bfloat16 --batches 1,32,128 --decode-pairs 2 --pair "$pair" \
           --output "$out/paired-engines-$gpu.json"
       done ;;
     paired-profile-8b|paired-profile-9b)

@@ -4,9 +4,9 @@ filled where its CPU ops differ from the GPU's.
 
 On a GPU the scan's five Triton kernels launch with the configs vLLM's autotuner chose for
 them, resolved once per scan signature (``TunedScanKernels``): Triton's ``Autotuner.run``
-rebuilds its key from all of a kernel's ~50 arguments at every launch, about 150 us of host
-time per Mamba layer and prefill step on the H200's host (py-spy), in a step that waits on
-the host (a lone 128-token prompt runs ~7 ms of kernels in 50-75 ms)."""
+rebuilds its key from all of a kernel's ~50 arguments at every launch, 100-200 us of host
+time per Mamba layer and prefill step on the H200's host (benchmarks/prefill_scan_host_time.py),
+in a step that waits on the host (a lone 128-token prompt runs ~7 ms of kernels in 50-75 ms)."""
 
 from __future__ import annotations
 

@@ -612,7 +612,7 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "that launch them, Triton's Autotuner.best_config",
         "during the plugin's scan on a GPU each kernel is stood in for by a launch with the "
         "config its autotuner chose, resolved once per scan signature: the autotuner rebuilds "
-        "its key from ~50 arguments at every launch, ~150 us of host time per layer in a "
+        "its key from ~50 arguments at every launch, 100-200 us of host time per layer in a "
         "prefill step that waits on the host",
         BOTH,
         "vLLM launching its scan kernels with configs resolved once (or a prefill captured "
