@@ -22,7 +22,9 @@ holds each engine's medians, each pair's ratio (the first engine's seconds over 
 second's: > 1 where the second, the plugin, is faster) and how many pairs the second won.
 ``--pair builtin,builtin`` (or ``plugin,plugin``) is the control: how far an engine's place in
 the process alone moves these; ``plugin,builtin`` puts the plugin's engine first (its ratios
-then read > 1 where vLLM's is faster). ``--profile`` adds one first token of each engine under the
+then read > 1 where vLLM's is faster). Where the output holds a cell in both orders, the
+plugin's speed with the places cancelled (the geometric mean of the two orders) is printed and
+kept under ``place_cancelled``. ``--profile`` adds one first token of each engine under the
 torch profiler (step_profile.py's summaries: kernels by category, host ops by self time).
 ``--host-samples`` samples the process's Python stacks with py-spy (``--py-spy``: its path)
 during each batch's first-token pairs and, apart, its whole-run pairs, without pausing it, and
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -310,6 +313,28 @@ def row_of(model: str, state_dtype: str, batch: int, names: list[str], cell: dic
     return row
 
 
+def place_cancelled(rows: list[dict]) -> list[dict]:
+    """For each cell timed in both orders (vLLM's engine first, and the plugin's first), the
+    plugin's speed against vLLM's with the engines' places cancelled: the geometric mean of
+    the two orders' median pair ratios, each read as vLLM's seconds over the plugin's (> 1
+    where the plugin is faster). An engine's place alone moves a cell by a few percent."""
+    key = ("model", "state_dtype", "batch", "engine_batches")
+    by_cell: dict[tuple, dict[tuple, dict]] = {}
+    for r in rows:
+        by_cell.setdefault(tuple(str(r.get(k)) for k in key), {})[tuple(r["engines"])] = r
+    cancelled = []
+    for orders in by_cell.values():
+        first, second = orders.get(("builtin", "plugin")), orders.get(("plugin", "builtin"))
+        if first is None or second is None:
+            continue
+        cell = {k: first.get(k) for k in key}
+        for what in ("ttft", "decode"):
+            speed = first[f"{what}_ratio_median"] / second[f"{what}_ratio_median"]
+            cell[f"{what}_plugin_speed"] = round(math.sqrt(speed), 3)
+        cancelled.append(cell)
+    return cancelled
+
+
 def plot(doc: dict, path: Path) -> None:
     """A panel per model and engine pair: each pair's ratio per batch (first engine's seconds
     over the second's), time to first token and decode side by side, a line at 1 (above it
@@ -467,6 +492,14 @@ def main() -> None:
             doc["rows"] = [r for r in doc["rows"] if any(r.get(k) != row[k] for k in key)] + [row]
             print_row(row)
         path.write_text(json.dumps(doc, indent=1))
+    doc["place_cancelled"] = place_cancelled(doc["rows"])
+    for cell in doc["place_cancelled"]:
+        print(
+            f"{cell['model']:14s} {cell['state_dtype']:9s} B={cell['batch']:<4d} both orders, "
+            f"places cancelled: the plugin's speed against vLLM's, time to first token "
+            f"x{cell['ttft_plugin_speed']:.3f}, decode x{cell['decode_plugin_speed']:.3f}"
+        )
+    path.write_text(json.dumps(doc, indent=1))
     plot(doc, path.with_suffix(".png"))
 
 
