@@ -19,29 +19,14 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
+from vllm_nemotron_h.testing.op_inputs import prefill_chunks
 
 MODELS = ("nemotron-h-8b", "nano-9b-v2")
 CHUNK_SIZE = 128
-
-
-def chunk_metadata(prompts: int, prompt_len: int) -> SimpleNamespace:
-    """vLLM's prefill metadata of ``prompts`` prompts of ``prompt_len`` tokens, none cached."""
-    per_prompt = -(-prompt_len // CHUNK_SIZE)
-    ends = [min(c * CHUNK_SIZE + CHUNK_SIZE, prompt_len) for c in range(per_prompt)]
-    cu_chunks = [0] + [p * prompt_len + e for p in range(prompts) for e in ends]
-    as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device="cuda")
-    return SimpleNamespace(
-        chunk_size=CHUNK_SIZE,
-        query_start_loc_p=as_int32([p * prompt_len for p in range(prompts + 1)]),
-        seq_idx_p=as_int32([p for p in range(prompts) for _ in range(per_prompt)]),
-        cu_chunk_seqlen_p=as_int32(cu_chunks),
-        last_chunk_indices_p=as_int32([(p + 1) * per_prompt - 1 for p in range(prompts)]),
-    )
 
 
 def layer_calls(model: str, prompts: int, prompt_len: int, state_dtype: torch.dtype):
@@ -64,7 +49,7 @@ def layer_calls(model: str, prompts: int, prompt_len: int, state_dtype: torch.dt
     x = torch.randn(n, heads * head_dim, device=dev, dtype=act)
     B, C = torch.randn(2, n, groups * d_state, device=dev, dtype=act)
     dt = torch.randn(n, heads, device=dev, dtype=act)
-    md = chunk_metadata(prompts, prompt_len)
+    md = prefill_chunks([prompt_len] * prompts, CHUNK_SIZE, dev)
     outs = {"vllm": torch.empty_like(x), "plugin": torch.empty_like(x)}
 
     def vllm_scan() -> torch.Tensor:

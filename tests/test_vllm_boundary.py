@@ -4,8 +4,6 @@ module of the plugin reaches into vLLM, and the plugin never imports the testing
 from __future__ import annotations
 
 import ast
-import functools
-import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -169,22 +167,6 @@ def test_tuned_scan_kernels_stand_in_for_vllms_only_while_entered():
     assert TunedScanKernels((*signature, "other")).launches is not tuned.launches
 
 
-def scan_chunks(lengths: list[int], chunk_size: int, device: str):
-    """vLLM's chunk metadata for prompts of ``lengths`` with no tokens before them:
-    (cu_seqlens, (seq_idx, cu_chunk_seqlens, last_chunk_indices)), int32."""
-    cu_chunks, seq_idx, last = [0], [], []
-    start = 0
-    for row, n in enumerate(lengths):
-        for first in range(0, n, chunk_size):
-            cu_chunks.append(start + min(first + chunk_size, n))
-            seq_idx.append(row)
-        last.append(len(seq_idx) - 1)
-        start += n
-    cu_seqlens = [0, *itertools.accumulate(lengths)]
-    as_int32 = functools.partial(torch.tensor, dtype=torch.int32, device=device)
-    return as_int32(cu_seqlens), (as_int32(seq_idx), as_int32(cu_chunks), as_int32(last))
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
@@ -196,6 +178,7 @@ def test_the_plugins_scan_equals_vllms_and_skips_its_autotuners(
     """On a Mamba layer of Nano 9B v2's shape: the plugin's scan (vLLM's kernels with their
     tuned configs) gives vLLM's scan's y and final states bit for bit, and once resolved it
     launches no kernel through an autotuner."""
+    from vllm_nemotron_h.testing.op_inputs import prefill_chunks
     from vllm_nemotron_h.vllm_boundary import prefill
 
     heads, head_dim, groups, d_state, chunk_size = 128, 80, 8, 128, 128
@@ -210,8 +193,9 @@ def test_the_plugins_scan_equals_vllms_and_skips_its_autotuners(
     init = None
     if initial:
         init = torch.randn(len(lengths), heads, head_dim, d_state, device=dev).to(state_dtype)
-    cu_seqlens, chunks = scan_chunks(lengths, chunk_size, dev)
-    md = SimpleNamespace(chunk_size=chunk_size)
+    md = prefill_chunks(lengths, chunk_size, dev)
+    cu_seqlens = md.query_start_loc_p
+    chunks = (md.seq_idx_p, md.cu_chunk_seqlen_p, md.last_chunk_indices_p)
     args = (md, w, x, B, C, dt)
     tail = (init, state_dtype, False, cu_seqlens, chunks)
 

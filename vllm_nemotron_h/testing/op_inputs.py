@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -322,4 +323,31 @@ def slot_copy_inputs(
         slots=order[:rows],
         values=draw.normal(rows, *per_slot, dtype=state_dtype),
         has_initial=torch.ones(rows, dtype=torch.bool, device=draw.device),
+    )
+
+
+def prefill_chunks(lengths: list[int], chunk_size: int, device: str | torch.device):
+    """vLLM's prefill metadata of prompts of ``lengths`` tokens with no tokens before them,
+    as its chunked scan reads it (int32): query_start_loc_p, and each sequence cut into chunks
+    of ``chunk_size`` (seq_idx_p, cu_chunk_seqlen_p, last_chunk_indices_p)."""
+    cu_chunks, seq_idx, last, start = [0], [], [], 0
+    for row, n in enumerate(lengths):
+        for first in range(0, n, chunk_size):
+            cu_chunks.append(start + min(first + chunk_size, n))
+            seq_idx.append(row)
+        last.append(len(seq_idx) - 1)
+        start += n
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+
+    def as_int32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    return SimpleNamespace(
+        chunk_size=chunk_size,
+        query_start_loc_p=as_int32(starts),
+        seq_idx_p=as_int32(seq_idx),
+        cu_chunk_seqlen_p=as_int32(cu_chunks),
+        last_chunk_indices_p=as_int32(last),
     )
