@@ -8,7 +8,7 @@
 # Usage: bash benchmarks/gpu_host/tp_job.sh LOG_DIR [STEP ...]
 #   steps: tests (every case of tests/gpu/test_tensor_parallel_gpu.py), tp-CASE (one of them:
 #   dense-g1-fp32, dense-h80-fp32, dense-h80-int8, dense-g1-deferred4, serve), e2e-8b,
-#   e2e-8b-b1 (its B=1 row alone), e2e-9b, e2e-9b-b1 (its B=1 row alone), e2e-9b-b128 (the plugin's 9B B=128 row alone),
+#   e2e-8b-bN (its batch-N row alone, e.g. e2e-8b-b1), e2e-9b, e2e-9b-b1 (its B=1 row alone), e2e-9b-b128 (the plugin's 9B B=128 row alone),
 #   tree=DIR (that row from the vllm_nemotron_h and benchmarks/e2e.py of another commit,
 #   extracted with `git archive C vllm_nemotron_h benchmarks/e2e.py benchmarks/accuracy.py
 #   pyproject.toml | tar -x -C DIR` and carried: a before/after on one host), e2e-30b, profile-8b, profile-9b (step_profile.py at TP, B=1 and 128 on one
@@ -56,7 +56,8 @@ for s in "$@"; do
       done ;;
     tp-*) tp_case "${s#tp-}" ;;
     e2e-8b) step e2e-8b e2e --models nemotron-h-8b --state-dtypes float32 --batches 1,64,128 ;;
-    e2e-8b-b1) step e2e-8b-b1 e2e --models nemotron-h-8b --state-dtypes float32 --batches 1 ;;
+    e2e-8b-b*) step "$s" e2e --models nemotron-h-8b --state-dtypes float32 \
+      --batches "${s#e2e-8b-b}" ;;
     e2e-9b) step e2e-9b e2e --models nano-9b-v2 --state-dtypes bfloat16 --batches 1,64,128 ;;
     e2e-9b-b1) step e2e-9b-b1 e2e --models nano-9b-v2 --state-dtypes bfloat16 --batches 1 ;;
     e2e-9b-b128) step e2e-9b-b128 e2e --impls plugin --models nano-9b-v2 --state-dtypes bfloat16 \
