@@ -77,6 +77,7 @@ class PluginMambaMixer2(MambaMixer2):
         self.gate_in_forward = on_cpu()
         self.state_layout = state_layout(current_vllm_config())
         self.plan: LayerPlan | None = None
+        self.scan_weights: ScanWeights | None = None  # made with the plan: loaded weights
 
     def get_attn_backend(self) -> type[StateSlotsMamba2Backend]:
         return StateSlotsMamba2Backend
@@ -142,7 +143,8 @@ class PluginMambaMixer2(MambaMixer2):
             y.copy_(y.float() * torch.nn.functional.silu(gate[n_dec:].float()))
 
     def _plan(self, md: StateSlotsMetadata, xbc, dt, gate, out) -> LayerPlan:
-        """The layer's plan for its bound state cache, made at its first step."""
+        """The layer's plan for its bound state cache, made at its first step (with the scan's
+        view of the loaded weights)."""
         if self.plan is None or self.plan.kv_cache is not self.kv_cache:
             conv_state, *states = mixer_states(self)
             ssm_state, ssm_scale, deferred = self.state_layout.split(tuple(states))
@@ -153,6 +155,10 @@ class PluginMambaMixer2(MambaMixer2):
             self.plan = LayerPlan(
                 md.decode_plan, weights, self.kv_cache, conv_state, ssm_state, ssm_scale,
                 deferred, xbc, dt, gate, out, NULL_BLOCK_ID,
+            )  # fmt: skip
+            self.scan_weights = ScanWeights(
+                self.A, self.D, self.dt_bias, self.tped_heads, self.head_dim, self.tped_groups,
+                self.ssm_state_size, self.conv_kernel_size - 1,
             )  # fmt: skip
         return self.plan
 
@@ -178,12 +184,8 @@ class PluginMambaMixer2(MambaMixer2):
             initial_states = plan.gather_initial_states(
                 md.state_indices_tensor_p, md.has_initial_states_p
             )
-        scan = ScanWeights(
-            self.A, self.D, self.dt_bias, self.tped_heads, self.head_dim, self.tped_groups,
-            self.ssm_state_size, self.conv_kernel_size - 1,
-        )  # fmt: skip
         final_states = scan_prefill(
-            md, scan, x, B, C, dt, out, initial_states, xbc, conv_state, ssm_state,
+            md, self.scan_weights, x, B, C, dt, out, initial_states, xbc, conv_state, ssm_state,
             plan.scan_state_dtype, plan.scatter_final_states,
         )  # fmt: skip
         if self.norm_in_forward:  # gated and normalised after the op

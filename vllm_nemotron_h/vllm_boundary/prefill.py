@@ -10,6 +10,7 @@ in a step that waits on the host (a lone 128-token prompt runs ~7 ms of kernels 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -208,15 +209,14 @@ def _scan(
 ) -> torch.Tensor:
     """vLLM's chunked scan (its CPU op on CPU), without the gate; on a GPU its kernels
     launched with their tuned configs (``TunedScanKernels``)."""
-    if not x.is_cuda:
-        return _vllm_scan(
-            md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
-        )
-    signature = (
-        md.chunk_size, w.heads, w.head_dim, w.groups, w.d_state, x.dtype, dt.dtype,
-        w.A.dtype, w.D.dtype, w.dt_bias.dtype, state_dtype, initial_states is None,
-    )  # fmt: skip
-    with TunedScanKernels(signature):
+    kernels = contextlib.nullcontext()
+    if x.is_cuda:
+        signature = (
+            md.chunk_size, w.heads, w.head_dim, w.groups, w.d_state, x.dtype, dt.dtype,
+            w.A.dtype, w.D.dtype, w.dt_bias.dtype, state_dtype, initial_states is None,
+        )  # fmt: skip
+        kernels = TunedScanKernels(signature)
+    with kernels:
         return _vllm_scan(
             md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
         )
