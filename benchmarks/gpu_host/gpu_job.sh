@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a host of one GPU, after setup.sh: benchmark steps run one after another in the
 # background, each step's log in LOG_DIR/<step>.log, its JSON in LOG_DIR, and a line per
-# finished step in LOG_DIR/progress (start it with start.sh, poll it with poll.sh).
+# finished step in LOG_DIR/progress, the GPU's clocks in LOG_DIR/clocks.csv (start it with
+# start.sh, poll it with poll.sh).
 # Usage: bash benchmarks/gpu_host/gpu_job.sh LOG_DIR STEP ...
 #   kernels     the GPU kernel tests (pytest -m gpu tests/kernels) with this GPU's launch table
 #   tune-K      tune.py for kernel K (selective_state_update, mamba2_decode,
@@ -92,6 +93,7 @@ shape_of() {  # a step named ...-8b runs Nemotron-H 8B's shape, ...-9b Nano 9B v
   case $1 in *-8b) echo nemotron-h-8b ;; *-9b) echo nano-9b-v2 ;; esac
 }
 echo "start $(date) $gpu_name" > "$out/progress"
+start_clocks
 for s in "$@"; do
   case $s in
     kernels) step kernels python3 -m pytest -m gpu tests/kernels -q -p no:cacheprovider ;;
@@ -208,4 +210,5 @@ for s in "$@"; do
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
+stop_clocks
 echo "end $(date)" >> "$out/progress"

@@ -2,7 +2,9 @@
 # this checkout on PYTHONPATH, the GPU's name ($gpu_name) and short tag ($gpu: h100, h200 or
 # the name in lower case, as results files are named), and step NAME CMD... (runs CMD with its
 # output in $out/NAME.log, then appends "NAME rc=.. N s" to $out/progress; a step named
-# again is NAME-2, NAME-3, ...: unique_name).
+# again is NAME-2, NAME-3, ...: unique_name); start_clocks / stop_clocks: each GPU's SM and
+# memory clock, power, temperature and utilisation every second in $out/clocks.csv while the
+# job runs (whether a slow engine ran on a slowed GPU; poll.sh brings it back compressed).
 mkdir -p "$out"
 . /root/vllm-env.sh
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -21,3 +23,9 @@ step() {
   "$@" > "$out/$step_name.log" 2>&1
   echo "$step_name rc=$? $(( $(date +%s) - t0 ))s" >> "$out/progress"
 }
+start_clocks() {
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv -l 1 > "$out/clocks.csv" 2>&1 &
+  clocks_pid=$!
+}
+stop_clocks() { kill "$clocks_pid"; }

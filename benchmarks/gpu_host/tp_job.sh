@@ -43,9 +43,7 @@ tp_case() {
     -p no:cacheprovider
 }
 echo "start $(date) $tp x $gpu_name" > "$out/progress"
-nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
-  --format=csv -l 1 > "$out/clocks.csv" 2>&1 &
-clocks=$!
+start_clocks
 for s in "$@"; do
   case $s in
     tests)
@@ -91,5 +89,5 @@ for s in "$@"; do
     *) echo "unknown step $s" >> "$out/progress" ;;
   esac
 done
-kill "$clocks"
+stop_clocks
 echo "end $(date)" >> "$out/progress"
