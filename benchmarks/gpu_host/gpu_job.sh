@@ -69,6 +69,8 @@
 #               equality) and the engine tests through prefills (fp32 tokens against
 #               transformers and the built-in; prefix caching mode 'all', whose prefills
 #               start from cached states), into LOG_DIR/prefill-scan-host-time-<gpu>.json
+#   boundary-tests tests/test_vllm_boundary.py on this vLLM (the touchpoints' contracts, the
+#               scan's tuned launches against vLLM's own)
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
 #   deferred-floor a deferred step's bytes moved without arithmetic (deferred_state_floor.py),
 #               int8 / bf16 / fp32 checkpoints
@@ -88,6 +90,9 @@ kernels = {r['kernel'] for r in new}
 old = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else []
 json.dump([r for r in old if r['kernel'] in kernels] + new, open(sys.argv[1], 'w'), indent=1)" \
     "$sweep" "benchmarks/results/kernel-tuning-$gpu.json" "$out"/tune-*.json
+}
+boundary_tests() {  # the vLLM boundary's contracts and its GPU cases on this vLLM
+  step boundary-tests python3 -m pytest -q -p no:cacheprovider tests/test_vllm_boundary.py
 }
 shape_of() {  # a step named ...-8b runs Nemotron-H 8B's shape, ...-9b Nano 9B v2's
   case $1 in *-8b) echo nemotron-h-8b ;; *-9b) echo nano-9b-v2 ;; esac
@@ -199,10 +204,10 @@ for s in "$@"; do
     scan-host)
       step scan-host python3 benchmarks/prefill_scan_host_time.py \
         --output "$out/prefill-scan-host-time-$gpu.json"
-      step boundary-tests python3 -m pytest -q -p no:cacheprovider \
-        tests/test_vllm_boundary.py
+      boundary_tests
       step scan-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
         tests/gpu/test_engine_gpu.py -k "fp32_eager or mamba_cache_mode_all" ;;
+    boundary-tests) boundary_tests ;;
     int8-floor) step int8-floor python3 benchmarks/kernels/int8_state_floor.py \
       --models nemotron-h-8b,nano-9b-v2 --output "$out/kernels-int8_state_floor-$gpu.json" ;;
     deferred-floor) step deferred-floor python3 benchmarks/kernels/deferred_state_floor.py \
