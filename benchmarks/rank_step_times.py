@@ -10,7 +10,10 @@ graph, the host builds metadata and launches it; PIECEWISE: the attention and Ma
 eagerly between graphs; NONE: eager), which the summaries split by, and the host time of
 the runner's phases in the step (RUNNER_PHASES: input preparation, metadata building, the
 forward's launch...) and of each attention metadata builder class's builds (the plugin's
-Mamba builder against vLLM's): where one implementation's host time goes. The ranks run the
+Mamba builder against vLLM's), then the host time of the runner's sample_tokens (its own call
+after execute_model) and how long the worker then waits for the next step (the engine core's
+scheduling and output handling): where one implementation's host time goes, and whether it
+lies in the worker at all. The ranks run the
 same steps in the same order, so step i of every rank is one engine step: a rank's lateness
 is its entry less the earliest rank's; the step's interval is one entry to the next. A rank
 that enters late makes the others wait in the step's all-reduces (their device time grows),
@@ -55,6 +58,9 @@ RUNNER_PHASES = (
     "_preprocess",
     "_model_forward",
 )
+# The runner's sample_tokens (its own call after execute_model), kept with the step's phases
+# but outside execute_model's host time.
+SAMPLING = "sample_tokens (after execute_model)"
 
 
 def start_timer(worker) -> None:
@@ -135,7 +141,22 @@ def start_timer(worker) -> None:
 
         return timed
 
+    def recording_sampling(original):
+        # the runner samples in a call of its own after execute_model (vLLM >= 0.11): its host
+        # time is the step's too, outside execute_model's window
+        def timed(*args, **kwargs):
+            t = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if records:
+                    records[-1][6][SAMPLING] = round((time.perf_counter_ns() - t) / 1e3, 1)
+
+        return timed
+
     wrap(runner, "execute_model", recording_step)
+    if hasattr(runner, "sample_tokens"):
+        wrap(runner, "sample_tokens", recording_sampling)
     worker.nemotron_h_step_times = records, restores
 
 
@@ -208,6 +229,16 @@ def summary(ranks: list[list[tuple]]) -> dict:
             device_us_median=med(device) if device else None,
         )
 
+    def waiting(calls: list[tuple]) -> float | None:
+        """Median time a decode step's worker waits for the next step (the engine core's
+        scheduling and output handling, or the driver's): return to the next entry, less the
+        step's sample_tokens host time."""
+        waits = [
+            (calls[i + 1][0] - calls[i][1]) / 1e3 - calls[i][5].get(SAMPLING, 0.0)
+            for i in range(1, min(steps, len(calls) - 1))
+        ]
+        return med(waits) if waits else None
+
     def by_phase(calls: list[tuple]) -> dict:
         names = sorted({name for c in calls for name in c[5]})
         host = {name: med([c[5].get(name, 0.0) for c in calls]) for name in names}
@@ -226,6 +257,7 @@ def summary(ranks: list[list[tuple]]) -> dict:
                 late_us_p90=round(lateness[int(0.9 * (len(lateness) - 1))], 1),
                 last_share=round(last.count(rank) / len(last), 3),
                 **times(decode),
+                waiting_us_median=waiting(calls),
                 by_mode={m: by_phase([c for c in decode if str(c[4]) == m]) for m in modes},
                 # the CPUs its decode steps entered on, most used first: [cpu, steps]
                 entry_cpus=collections.Counter(c[6] for c in decode).most_common(4),
@@ -241,13 +273,18 @@ def summary(ranks: list[list[tuple]]) -> dict:
 
 
 def outer_phases_us(phases: dict[str, float]) -> float:
-    """The host us of a step's phases that do not nest in one another (builds nest in
-    _build_attention_metadata)."""
-    return sum(us for name, us in phases.items() if not name.startswith("build "))
+    """The host us of execute_model's phases that do not nest in one another (builds nest in
+    _build_attention_metadata; sampling follows execute_model)."""
+    return sum(
+        us for name, us in phases.items() if not name.startswith("build ") and name != SAMPLING
+    )
 
 
 def print_table(res: dict[str, dict]) -> None:
-    cols = ("late_us_median", "late_us_p90", "last_share", "host_us_median", "device_us_median")
+    cols = (
+        "late_us_median", "late_us_p90", "last_share", "host_us_median", "device_us_median",
+        "waiting_us_median",
+    )  # fmt: skip
     print(f"\n{'impl / round':18}{'rank':>5}" + "".join(f"{c:>18}" for c in cols))
     for name, r in res.items():
         s = r["summary"]
