@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "training"))
-from e2e import run_impl  # noqa: E402
+from child_process import answer_child, run_impl  # noqa: E402
 from pycode_data import heldout_documents, heldout_stream, token_bytes  # noqa: E402
 
 MODEL = ROOT / "models" / "nemotron-h-pycode"
@@ -91,7 +91,7 @@ def scored(prompt_logprobs, tokens: list[int]) -> list[float]:
     return [lp[t].logprob for t, lp in zip(tokens[1:], prompt_logprobs[1:])]
 
 
-def child(spec: dict) -> dict:
+def child(**spec) -> dict:
     """One engine (see scored_run); with ``fused_max_batch_heads`` the device table's limit
     of the fused decode tail is replaced in this process, which then also runs the engine
     core (decode steps above the limit run the conv and state-update kernels instead)."""
@@ -261,8 +261,7 @@ def summarise(name: str, res: dict, nbytes: list[int], stream_wins: dict) -> dic
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:
-        print("CHILD_RESULT " + json.dumps(child(json.loads(sys.argv[2]))), flush=True)
+    if answer_child(child):
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=MODEL)

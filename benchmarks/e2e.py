@@ -51,12 +51,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
+
+from child_process import answer_child, run_impl
 
 from vllm_nemotron_h.testing import device_tag
 
@@ -352,37 +352,6 @@ def results_doc(stem: str, output: Path | None) -> tuple[str, Path, dict]:
         weights="tiny random fp32" if gpu == "cpu" else "random bf16 (load_format=dummy)",
     )
     return gpu, path, doc
-
-
-def answer_child(child: Callable[..., dict]) -> bool:
-    """In a process run_impl started (``script --child SPEC``): prints ``child(**SPEC)`` as its
-    CHILD_RESULT line and returns True; elsewhere False."""
-    if sys.argv[1:2] != ["--child"]:
-        return False
-    print("CHILD_RESULT " + json.dumps(child(**json.loads(sys.argv[2]))), flush=True)
-    return True
-
-
-def run_impl(script: str, impl: str, spec: dict, **env: str) -> dict:
-    """Runs ``script --child SPEC`` in a new process with the plugin (impl "plugin") or vLLM's
-    built-in model (impl "builtin"); returns the child's CHILD_RESULT. Shared with
-    step_profile.py. vLLM's log passes through as it comes (its INFO lines go to stdout, the
-    rest to stderr): a long engine start shows where it is."""
-    child_env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1", **env)
-    child_env.pop("VLLM_NEMOTRON_H_DISABLE", None)
-    if impl == "builtin":
-        child_env["VLLM_NEMOTRON_H_DISABLE"] = "1"
-    cmd = [sys.executable, script, "--child", json.dumps(spec)]
-    result = None
-    with subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, text=True) as proc:
-        for line in proc.stdout:
-            if line.startswith("CHILD_RESULT "):
-                result = json.loads(line[len("CHILD_RESULT ") :])
-            else:
-                sys.stderr.write(line)
-    if result is None:
-        raise RuntimeError(f"{impl} {spec} failed (rc={proc.returncode}), log above")
-    return result
 
 
 def main() -> None:

@@ -62,15 +62,14 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
+from child_process import answer_child, run_impl
 from e2e import (
     MOE_ROUTING_ENV,
     NEW_TOKENS,
-    answer_child,
     build_llm,
     model_files,
     random_prompts,
     results_doc,
-    run_impl,
     timed_generate,
 )
 from step_profile import host_summary, start_profiler, stop_profiler, summary

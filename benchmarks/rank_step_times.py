@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 # benchmarks/ is this script's directory
-from e2e import RESULTS, answer_child, build_llm, device_tag, random_prompts, run_impl
+from child_process import answer_child, run_impl
+from e2e import RESULTS, build_llm, device_tag, random_prompts
 
 from vllm_nemotron_h.model_executor.decode_plan import integer_runs
 

@@ -39,16 +39,15 @@ import time
 from pathlib import Path
 
 # benchmarks/ is this script's directory
+from child_process import answer_child, run_impl
 from e2e import (
     MOE_ROUTING_ENV,
     PROMPT_LEN,
     RESULTS,
-    answer_child,
     build_llm,
     check_moe_routing,
     device_tag,
     random_prompts,
-    run_impl,
 )
 
 # First match wins; names are CUDA kernel names (or aten op names on CPU).

@@ -33,6 +33,7 @@ from accuracy import (  # noqa: E402
     windows,
     write_doc,
 )
+from child_process import child_result  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -66,9 +67,9 @@ def child_run(spec: dict) -> dict:
         timeout=900,
         cwd=ROOT,
     )
-    for line in proc.stdout.splitlines():
-        if line.startswith("CHILD_RESULT "):
-            return json.loads(line[len("CHILD_RESULT ") :])
+    for result in map(child_result, proc.stdout.splitlines()):
+        if result is not None:
+            return result
     raise RuntimeError(f"engine failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
 
 

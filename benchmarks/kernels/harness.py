@@ -184,7 +184,7 @@ def tables_of(sweep: Path | None) -> Iterator[None]:
     """With a tune.py sweep JSON: the launch tables derived from it take the place of the
     device file's for the keys the sweep measured (to see a sweep's effect before writing it
     with tune.py --tables --write)."""
-    from tune import tuned_tables
+    from sweep_tables import tuned_tables
 
     with contextlib.ExitStack() as stack:
         if sweep is not None:

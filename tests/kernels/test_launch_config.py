@@ -106,7 +106,7 @@ def test_sweeps_become_rows_with_tiles_only_where_several():
     """tune.py's tables from a sweep: the fastest config per point, tiles per program kept
     only where a program advances several."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
-    from tune import tuned_tables
+    from sweep_tables import tuned_tables
 
     def row(batch, config, us):
         return dict(kernel="selective_state_update", model="nemotron-h-8b", state_dtype="int8",
@@ -122,7 +122,7 @@ def test_writing_a_sweep_keeps_the_keys_it_did_not_measure(tmp_path, monkeypatch
     """tune.py --tables SWEEP --write DEVICE: the swept keys replace theirs, the rest stays,
     and the file's "how" says both."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
-    from tune import write_tables
+    from sweep_tables import write_tables
 
     monkeypatch.setattr(launch_config, "CONFIGS_DIR", tmp_path)
     launch_config.write_device_file(
@@ -147,7 +147,7 @@ def test_a_rank_sweep_goes_in_front_of_the_rows_of_larger_points(tmp_path, monke
     """tune.py --tables SWEEP --write DEVICE --in-front: one TP rank's sweep (8B at TP=4, B=1
     and 2: 32 and 64 heads) adds rows for its points before the file's, which stay."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
-    from tune import tuned_tables, write_tables
+    from sweep_tables import tuned_tables, write_tables
 
     def row(batch, config, us):
         return dict(kernel="mamba2_decode", model="nemotron-h-8b", state_dtype="float32",
