@@ -84,14 +84,17 @@ def start_timer(worker) -> None:
         setattr(owner, name, make(original))
         restores.append(lambda: setattr(owner, name, original) if own else delattr(owner, name))
 
-    def timing(key: str):
+    def timing(key: str, phases_of=lambda: phases):
+        # adds the call's host us to the dict phases_of() returns (None: not timed)
         def make(original):
             def timed_phase(*args, **kwargs):
                 t = time.perf_counter_ns()
                 try:
                     return original(*args, **kwargs)
                 finally:
-                    phases[key] = phases.get(key, 0.0) + (time.perf_counter_ns() - t) / 1e3
+                    into = phases_of()
+                    if into is not None:
+                        into[key] = into.get(key, 0.0) + (time.perf_counter_ns() - t) / 1e3
 
             return timed_phase
 
@@ -142,22 +145,11 @@ def start_timer(worker) -> None:
 
         return timed
 
-    def recording_sampling(original):
-        # the runner samples in a call of its own after execute_model (vLLM >= 0.11): its host
-        # time is the step's too, outside execute_model's window
-        def timed(*args, **kwargs):
-            t = time.perf_counter_ns()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                if records:
-                    records[-1][6][SAMPLING] = round((time.perf_counter_ns() - t) / 1e3, 1)
-
-        return timed
-
     wrap(runner, "execute_model", recording_step)
     if hasattr(runner, "sample_tokens"):
-        wrap(runner, "sample_tokens", recording_sampling)
+        # the runner samples in a call of its own after execute_model (vLLM >= 0.11): its
+        # host time joins the last step's phases, outside execute_model's window
+        wrap(runner, "sample_tokens", timing(SAMPLING, lambda: records[-1][6] if records else None))
     worker.nemotron_h_step_times = records, restores
 
 
