@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from vllm_nemotron_h.ops import launch_config
+from vllm_nemotron_h.ops.causal_conv1d_update import interface as conv_update
 from vllm_nemotron_h.testing.op_inputs import MambaShape
 
 
@@ -72,8 +73,11 @@ def write_tables(device_name: str, tables: dict, how: str, in_front: bool = Fals
         keyed = isinstance(table, dict) and isinstance(merged.get(name), dict)
         if keyed and in_front:
             table = {
-                key: in_front_of(rows, merged[name].get(key), key) for key, rows in table.items()
+                key: in_front_of(rows, merged[name].get(key), untuned_config(name, key))
+                for key, rows in table.items()
             }
+        elif in_front:  # the conv update's one list of rows
+            table = in_front_of(table, merged.get(name), untuned_config(name))
         merged[name] = {**merged[name], **table} if keyed else table
         swept += [f"{name} {key}" for key in table] if isinstance(table, dict) else [name]
     if merged != tables:  # the file keeps rows the sweep did not measure
@@ -81,14 +85,22 @@ def write_tables(device_name: str, tables: dict, how: str, in_front: bool = Fals
     return launch_config.write_device_file(device_name, merged, how)
 
 
-def in_front_of(rows: list, old: list | None, key: str) -> list:
+def untuned_config(kernel: str, key: str | None = None) -> tuple[int, ...]:
+    """The config ``kernel`` launches where its table has no row: the conv update's default,
+    a state kernel's untuned plane tile for ``key`` ("head_dim,d_state,state bytes")."""
+    if kernel == "causal_conv1d_update":
+        return conv_update.DEFAULT_CONFIG
+    _, d_state, state_bytes = (int(v) for v in key.split(","))
+    return launch_config.untuned_plane_tile(d_state, state_bytes)
+
+
+def in_front_of(rows: list, old: list | None, untuned: tuple[int, ...]) -> list:
     """``rows`` (smaller points, the last one closed) in front of ``old``'s rows of larger
-    points. Without ``old`` (no rows for ``key``, "head_dim,d_state,state bytes") past the
-    sweep's largest point the kernel keeps its untuned config, which a sweep of one rank's
-    B=1 and 2 says nothing against."""
+    points. Without ``old`` (the file has no rows for this table) past the sweep's largest
+    point the kernel keeps its ``untuned`` config, which a sweep of one rank's B=1 and 2 says
+    nothing against."""
     if old is None:
-        _, d_state, state_bytes = (int(v) for v in key.split(","))
-        old = [[None, *launch_config.untuned_plane_tile(d_state, state_bytes)]]
+        old = [[None, *untuned]]
     larger = [row for row in old if row[0] is None or row[0] > rows[-1][0]]
     if larger and larger[0][1:] == rows[-1][1:]:  # the same config: one row
         rows = rows[:-1]

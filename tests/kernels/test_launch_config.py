@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from vllm_nemotron_h.ops import launch_config
+from vllm_nemotron_h.ops.causal_conv1d_update import interface as conv_update
 
 TABLE_FILES = sorted(launch_config.CONFIGS_DIR.glob("*.json"))
 # Kernels whose tables are keyed by "head_dim,d_state,state bytes"; the conv update's table
@@ -170,6 +171,23 @@ def test_a_rank_sweep_goes_in_front_of_the_rows_of_larger_points(tmp_path, monke
     )
     assert launch_config.untuned_plane_tile(128, 1) == (64, 4)
     assert data["mamba2_decode"]["64,128,1"] == [[32, 8, 4], [64, 32, 4], [None, 64, 4]]
+    # the conv update's rows (one list: a TP=4 rank of the 8B has 2,560 channels) go in front
+    # of the file's rows, or of the op's default where the file has none
+    conv = [{**r, "kernel": "causal_conv1d_update", "config": [r["config"][0], 2]} for r in sweep]
+    conv_rows = tuned_tables(conv, open_ended=False)["causal_conv1d_update"]
+    assert conv_rows == [[2560, 8, 2], [5120, 32, 2]]
+
+    def written_conv_rows() -> list:
+        tables = {"causal_conv1d_update": conv_rows}
+        return json.loads(write_tables("Some GPU", tables, "TP=4", in_front=True).read_text())[
+            "causal_conv1d_update"
+        ]
+
+    assert written_conv_rows() == [*conv_rows, [None, *conv_update.DEFAULT_CONFIG]]
+    launch_config.write_device_file(
+        "Some GPU", {"causal_conv1d_update": [[4096, 64, 4], [8192, 64, 8], [None, 256, 2]]}, "TP=1"
+    )
+    assert written_conv_rows() == [*conv_rows, [8192, 64, 8], [None, 256, 2]]
 
 
 def test_deferred_writes_run_the_per_step_launch_where_the_table_says_deferring_does_not_pay():
