@@ -26,9 +26,11 @@ step entered on (a late rank's process may share a core with another's busy loop
     python benchmarks/rank_step_times.py --model nemotron-h-8b --tensor-parallel-size 4
     VLLM_CPU_OMP_THREADS_BIND="0|1" python benchmarks/rank_step_times.py --model dense \\
         --tensor-parallel-size 2 --decode-steps 8     # on CPU
+    python benchmarks/rank_step_times.py --model dense --tensor-parallel-size 1 \\
+        --engine-processes    # on CPU, the engine core and worker apart as LLM() runs them
 
 Writes benchmarks/results/ (or --output-dir)
-rank-step-times-<model>-<state dtype>-b<batch>-tp<N>-<device>.json and its .png.
+rank-step-times-<model>-<state dtype>-b<batch>-tp<N>[-processes]-<device>.json and its .png.
 """
 
 from __future__ import annotations
@@ -181,13 +183,16 @@ def placement(worker) -> dict:
     )
 
 
-def child(model: str, state_dtype: str, batch: int, decode_steps: int, tp: int) -> dict:
+def child(
+    model: str, state_dtype: str, batch: int, decode_steps: int, tp: int, processes: bool = False
+) -> dict:
     import torch
     from vllm import SamplingParams
 
     from vllm_nemotron_h.testing import model_class_name
 
-    engine = dict(tensor_parallel_size=tp, distributed_executor_backend="uni" if tp == 1 else "mp")
+    executor = "mp" if tp > 1 or processes else "uni"
+    engine = dict(tensor_parallel_size=tp, distributed_executor_backend=executor)
     llm = build_llm(model, state_dtype, [batch], decode_steps + 1, **engine)
     prompts = random_prompts(llm, batch, torch.Generator().manual_seed(0))
     params = SamplingParams(temperature=0.0, max_tokens=decode_steps + 1, ignore_eos=True)
@@ -333,11 +338,18 @@ def main() -> None:
     ap.add_argument("--tensor-parallel-size", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2, help="engines per implementation")
     ap.add_argument("--impls", default="builtin,plugin")
+    ap.add_argument(
+        "--engine-processes",
+        action="store_true",
+        help="the engine core and the rank in processes of their own at TP=1 too, as LLM() "
+        "and e2e.py run them (default: both in this script's child)",
+    )
     ap.add_argument("--output-dir", type=Path, default=RESULTS)
     args = ap.parse_args()
     spec = dict(
         model=args.model, state_dtype=args.state_dtype, batch=args.batch,
         decode_steps=args.decode_steps, tp=args.tensor_parallel_size,
+        processes=args.engine_processes,
     )  # fmt: skip
     impls = args.impls.split(",")
     res: dict[str, dict] = {}
@@ -345,7 +357,8 @@ def main() -> None:
         # alternating which goes first: an engine's place in the job must not decide
         for impl in impls if round_ % 2 == 0 else impls[::-1]:
             r = run_impl(
-                __file__, impl, spec, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                __file__, impl, spec,
+                VLLM_ENABLE_V1_MULTIPROCESSING="1" if args.engine_processes else "0",
                 VLLM_WORKER_MULTIPROC_METHOD="spawn",
             )  # fmt: skip
             r["summary"] = summary(r["ranks"])
@@ -354,7 +367,8 @@ def main() -> None:
     device = next(iter(res.values()))["device"]
     name = (
         f"rank-step-times-{args.model}-{args.state_dtype}-b{args.batch}"
-        f"-tp{args.tensor_parallel_size}-{device_tag(device)}"
+        f"-tp{args.tensor_parallel_size}{'-processes' if args.engine_processes else ''}"
+        f"-{device_tag(device)}"
     )
     meta = dict(
         vars(args), output_dir=str(args.output_dir), date=time.strftime("%Y-%m-%d"),
