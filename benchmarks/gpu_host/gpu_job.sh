@@ -56,9 +56,9 @@
 #   1,32,128: the lone 128-token prompt replays the piecewise graphs captured for 128
 #   tokens; engines built for B=1 alone run it without graphs, another regime):
 #   paired-profile-M the pair at B=1 (PAIRED_BATCHES in the environment: those batches, e.g.
-#               32,128) with one time to first token of each engine profiled per batch
-#               (kernels by category, host ops by self time), into
-#               LOG_DIR/paired-engines-profile-<gpu>.json
+#               32,128; PAIR=plugin,builtin: the plugin's engine first) with one time to first
+#               token of each engine profiled per batch (kernels by category, host ops by self
+#               time), into LOG_DIR/paired-engines-profile-<gpu>.json
 #   host-samples-M the pair (vLLM's engine first) at B=1, its 20 first-token and 2 whole-run
 #               pairs sampled by py-spy (setup.sh installs it where its wheel was carried):
 #               each engine's host time per call by function, into
@@ -188,7 +188,8 @@ for s in "$@"; do
       model=$(shape_of "$s")
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
         --batches "${PAIRED_BATCHES:-1}" --engine-batches 1,32,128 --ttft-pairs 6 \
-        --decode-pairs 1 --profile --output "$out/paired-engines-profile-$gpu.json" ;;
+        --pair "${PAIR:-builtin,plugin}" --decode-pairs 1 --profile \
+        --output "$out/paired-engines-profile-$gpu.json" ;;
     host-samples-8b|host-samples-9b)
       model=$(shape_of "$s")
       step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
