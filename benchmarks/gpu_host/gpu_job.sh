@@ -69,6 +69,12 @@
 #               equality) and the engine tests through prefills (fp32 tokens against
 #               transformers and the built-in; prefix caching mode 'all', whose prefills
 #               start from cached states), into LOG_DIR/prefill-scan-host-time-<gpu>.json
+#   serving-tests the server's reliability and serve tests on this GPU (tiny fp32 model through
+#               examples/serve.sh: concurrent load, disconnecting clients, preemption, bad
+#               requests, completions against offline), their rows in LOG_DIR/reliability/
+#   serve-load-8b `vllm serve` with the plugin against the built-in's server, 8B shape, fp32
+#               state, 128 concurrent streams: the project's client, then `vllm bench serve`
+#               on the same server, into LOG_DIR/serve-load-nemotron-h-8b-float32-<gpu>.json
 #   boundary-tests tests/test_vllm_boundary.py on this vLLM (the touchpoints' contracts, the
 #               scan's tuned launches against vLLM's own)
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
@@ -209,6 +215,11 @@ for s in "$@"; do
       step scan-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
         tests/gpu/test_engine_gpu.py -k "fp32_eager or mamba_cache_mode_all" ;;
     boundary-tests) boundary_tests ;;
+    serving-tests)
+      step serving-tests env VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability" python3 -m pytest -q \
+        -p no:cacheprovider tests/test_reliability.py tests/test_serve.py -k "not vllm_defaults" ;;
+    serve-load-8b) step serve-load-8b python3 benchmarks/serve_load.py --model nemotron-h-8b \
+      --state-dtype float32 --vllm-bench --output "$out/serve-load-nemotron-h-8b-float32-$gpu.json" ;;
     int8-floor) step int8-floor python3 benchmarks/kernels/int8_state_floor.py \
       --models nemotron-h-8b,nano-9b-v2 --output "$out/kernels-int8_state_floor-$gpu.json" ;;
     deferred-floor) step deferred-floor python3 benchmarks/kernels/deferred_state_floor.py \
