@@ -136,15 +136,33 @@ def together(url: str, model: str, reqs: list[dict], disconnect_after=None) -> l
 NEAR_TIE = 1e-4
 
 
+def first_difference(busy: list[int], alone: list[int]) -> int | None:
+    """The first position at which the two token lists differ (None where one starts the
+    other)."""
+    return next((i for i, (a, b) in enumerate(zip(busy, alone)) if a != b), None)
+
+
 def parts_only_at_a_near_tie(busy: list[int], alone: list[int], margins: list[float]) -> bool:
     """Whether ``busy`` equals ``alone`` or parts from it first where the request run alone
     chose between near-tied tokens (after that the continuations are not comparable). The
     random tiny model has such ties: with RELIABILITY_SEED=531637244 a request of the
     per-step preemption test meets two tokens whose logprobs agree to 5 decimals."""
-    first = next((i for i, (a, b) in enumerate(zip(busy, alone)) if a != b), None)
+    first = first_difference(busy, alone)
     if first is None:
         return len(busy) == len(alone)
     return margins[first] < NEAR_TIE
+
+
+def parting(busy: list[int], alone: list[int], margins: list[float]) -> str:
+    """Where ``busy`` first differs from ``alone``, and by how much the token the request
+    alone chose there led the runner-up (whether the parting is a near-tie)."""
+    first = first_difference(busy, alone)
+    if first is None:
+        return f"{len(busy)} tokens against {len(alone)} alone"
+    return (
+        f"token {first} is {busy[first]}, alone {alone[first]} (which led its runner-up by "
+        f"{margins[first]:.3g} nats; a near-tie is < {NEAR_TIE})"
+    )
 
 
 def near_ties(equal: int, total: int) -> str:
@@ -160,7 +178,7 @@ def assert_equal_or_near_tie(
     for i, (g, w, m, r) in enumerate(zip(got, want, margins, reqs)):
         assert parts_only_at_a_near_tie(g, w, m), (
             f"{what}: request {i} (prompt {len(r['prompt'])} tokens, {r['max_tokens']} new) "
-            f"differs from the same request alone (seed {SEED})"
+            f"differs from the same request alone (seed {SEED}): {parting(g, w, m)}"
         )
     return sum(g == w for g, w in zip(got, want))
 

@@ -72,6 +72,10 @@
 #   serving-tests the server's reliability and serve tests on this GPU (tiny fp32 model through
 #               examples/serve.sh: concurrent load, disconnecting clients, preemption, bad
 #               requests, completions against offline), their rows in LOG_DIR/reliability/
+#   preemption-tests the preemption tests alone (RELIABILITY_SEED from the environment, if set),
+#               then again with Triton's fp32 dots in IEEE fp32 (TRITON_F32_DEFAULT=ieee; by
+#               default they round their inputs to TF32, vLLM's prefill scan among them):
+#               whether a recomputed sequence parts from its run alone by the prefill's TF32
 #   serve-load-8b `vllm serve` with the plugin against the built-in's server, 8B shape, fp32
 #               state, 128 concurrent streams: the project's client, then `vllm bench serve`
 #               on the same server, into LOG_DIR/serve-load-nemotron-h-8b-float32-<gpu>.json
@@ -218,6 +222,13 @@ for s in "$@"; do
     serving-tests)
       step serving-tests env VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability" python3 -m pytest -q \
         -p no:cacheprovider tests/test_reliability.py tests/test_serve.py -k "not vllm_defaults" ;;
+    preemption-tests)
+      for f32 in tf32 ieee; do
+        # a Triton cache of each precision's own: kernels compiled under the other not reused
+        step "preemption-tests-$f32" env TRITON_F32_DEFAULT="$f32" TRITON_CACHE_DIR="/root/triton-$f32" \
+          VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability-$f32" \
+          python3 -m pytest -q -p no:cacheprovider tests/test_reliability.py -k preemption
+      done ;;
     serve-load-8b) step serve-load-8b python3 benchmarks/serve_load.py --model nemotron-h-8b \
       --state-dtype float32 --vllm-bench --output "$out/serve-load-nemotron-h-8b-float32-$gpu.json" ;;
     int8-floor) step int8-floor python3 benchmarks/kernels/int8_state_floor.py \
