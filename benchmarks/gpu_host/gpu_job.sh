@@ -71,7 +71,8 @@
 #               start from cached states), into LOG_DIR/prefill-scan-host-time-<gpu>.json
 #   serving-tests the server's reliability and serve tests on this GPU (tiny fp32 model through
 #               examples/serve.sh: concurrent load, disconnecting clients, preemption, bad
-#               requests, completions against offline), their rows in LOG_DIR/reliability/
+#               requests, completions against offline), their rows in LOG_DIR/reliability/;
+#               then examples/serve.sh with vLLM's defaults alone (what `make serve` starts)
 #   preemption-tests the preemption tests alone (RELIABILITY_SEED from the environment, if set),
 #               then again with Triton's fp32 dots in IEEE fp32 (TRITON_F32_DEFAULT=ieee; by
 #               default they round their inputs to TF32, vLLM's prefill scan among them):
@@ -221,7 +222,10 @@ for s in "$@"; do
     boundary-tests) boundary_tests ;;
     serving-tests)
       step serving-tests env VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability" python3 -m pytest -q \
-        -p no:cacheprovider tests/test_reliability.py tests/test_serve.py -k "not vllm_defaults" ;;
+        -p no:cacheprovider tests/test_reliability.py tests/test_serve.py -k "not vllm_defaults"
+      # alone: vLLM's default memory share leaves no room for another engine on the GPU
+      step serve-defaults python3 -m pytest -q -p no:cacheprovider tests/test_serve.py \
+        -k vllm_defaults ;;
     preemption-tests)
       for f32 in tf32 ieee; do
         # a Triton cache of each precision's own: kernels compiled under the other not reused
