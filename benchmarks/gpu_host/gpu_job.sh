@@ -72,7 +72,8 @@
 #   serving-tests the server's reliability and serve tests on this GPU (tiny fp32 model through
 #               examples/serve.sh: concurrent load, disconnecting clients, preemption, bad
 #               requests, completions against offline), their rows in LOG_DIR/reliability/;
-#               then examples/serve.sh with vLLM's defaults alone (what `make serve` starts)
+#               then serve-defaults
+#   serve-defaults examples/serve.sh with vLLM's defaults (what `make serve` starts), alone
 #   preemption-tests the preemption tests alone (RELIABILITY_SEED from the environment, if set),
 #               then again with Triton's fp32 dots in IEEE fp32 (TRITON_F32_DEFAULT=ieee; by
 #               default they round their inputs to TF32, vLLM's prefill scan among them):
@@ -104,6 +105,9 @@ json.dump([r for r in old if r['kernel'] in kernels] + new, open(sys.argv[1], 'w
 }
 boundary_tests() {  # the vLLM boundary's contracts and its GPU cases on this vLLM
   step boundary-tests python3 -m pytest -q -p no:cacheprovider tests/test_vllm_boundary.py
+}
+serve_defaults() {  # alone: vLLM's default memory share leaves no room for another engine
+  step serve-defaults python3 -m pytest -q -p no:cacheprovider tests/test_serve.py -k vllm_defaults
 }
 shape_of() {  # a step named ...-8b runs Nemotron-H 8B's shape, ...-9b Nano 9B v2's
   case $1 in *-8b) echo nemotron-h-8b ;; *-9b) echo nano-9b-v2 ;; esac
@@ -223,9 +227,8 @@ for s in "$@"; do
     serving-tests)
       step serving-tests env VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability" python3 -m pytest -q \
         -p no:cacheprovider tests/test_reliability.py tests/test_serve.py -k "not vllm_defaults"
-      # alone: vLLM's default memory share leaves no room for another engine on the GPU
-      step serve-defaults python3 -m pytest -q -p no:cacheprovider tests/test_serve.py \
-        -k vllm_defaults ;;
+      serve_defaults ;;
+    serve-defaults) serve_defaults ;;
     preemption-tests)
       for f32 in tf32 ieee; do
         # a Triton cache of each precision's own: kernels compiled under the other not reused
