@@ -32,6 +32,10 @@ keeps for each engine the functions its calls spent host time in (milliseconds p
 inclusive, and the functions whose time differs most between the engines): where the host
 time of one engine's steps goes that the other's does not spend, with no profiler's per-op
 cost.
+``--clocks`` reads a GPU clock log written while this runs (gpu_host/job_lib.sh's, one sample a
+second) and keeps, per engine, the SM clock and power of the samples inside its turns: whether
+one engine's turns ran slowed, e.g. at the power limit (a turn shorter than a second holds a
+sample only now and then; the whole-run pairs' turns hold several).
 
 A model per child process; its two engines share the device (``--memory-shares``: vLLM's
 gpu_memory_utilization of each; on a GPU vLLM counts the second's share from the memory left
@@ -237,11 +241,14 @@ def child(
         generate = generate_on_first_engine if name == names[0] else generate_on_second_engine
         return generate(engines[name], prompts, n)
 
-    def pairs(count: int, prompts: list[dict], n: int) -> dict[str, list[float]]:
+    def pairs(count: int, prompts: list[dict], n: int, turns: list) -> dict[str, list[float]]:
+        """``count`` pairs; each engine's turn (name, wall-clock start, end) into ``turns``."""
         seconds: dict[str, list[float]] = {k: [] for k in names}
         for i in range(count):
             for name in names if i % 2 == 0 else names[::-1]:
+                start = time.time()
                 seconds[name].append(timed(name, prompts, n))
+                turns.append((name, start, time.time()))
         return seconds
 
     def profiled_first_token(name: str, prompts: list[dict]) -> dict:
@@ -256,7 +263,7 @@ def child(
         """``pairs``, sampled by py-spy where asked (into ``cell["host_samples"][phase]``)."""
         raw = Path(samples_dir or ".") / f"host-samples-{model}-b{len(prompts)}-{phase}.txt"
         with host_samples(py_spy, raw):
-            seconds = pairs(count, prompts, n)
+            seconds = pairs(count, prompts, n, cell.setdefault("turns", {}).setdefault(phase, []))
         if py_spy is not None:
             sampled = host_sample_summary(raw.read_text(), list(names), count)
             cell.setdefault("host_samples", {})[phase] = sampled
@@ -284,9 +291,17 @@ def recapture_graphs(worker) -> None:
     worker.model_runner.capture_model()
 
 
-def row_of(model: str, state_dtype: str, batch: int, names: list[str], cell: dict) -> dict:
+def row_of(
+    model: str,
+    state_dtype: str,
+    batch: int,
+    names: list[str],
+    cell: dict,
+    clocks: list[tuple[float, float, float]] | None = None,
+) -> dict:
     """A result row: each engine's medians, each pair's ratio (the first engine's seconds
-    over the second's: > 1 where the second is faster), the pairs the second won."""
+    over the second's: > 1 where the second is faster), the pairs the second won; with a
+    clock log's ``clocks``, the GPU's clocks in each engine's turns."""
     first, second = names
     row = dict(model=model, state_dtype=state_dtype, batch=batch, engines=names)
     for what, key in (("ttft", "ttft_s"), ("decode", "decode_s")):
@@ -309,7 +324,47 @@ def row_of(model: str, state_dtype: str, batch: int, names: list[str], cell: dic
     for key in ("profile", "host_samples"):
         if key in cell:
             row[key] = cell[key]
+    if clocks is not None:
+        row["clocks"] = turn_clocks(cell["turns"], clocks)
     return row
+
+
+def read_clocks(path: Path) -> list[tuple[float, float, float]]:
+    """GPU 0's samples of a clock log (gpu_host/job_lib.sh's nvidia-smi CSV, one a second,
+    timestamps in the host's local time) as (time, SM clock MHz, power W)."""
+    import datetime
+
+    samples = []
+    for line in path.read_text().splitlines()[1:]:
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 5 or fields[1] != "0":
+            continue
+        stamp = datetime.datetime.strptime(fields[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        samples.append((stamp, float(fields[2].split()[0]), float(fields[4].split()[0])))
+    return samples
+
+
+def turn_clocks(turns: dict[str, list], clocks: list[tuple[float, float, float]]) -> dict:
+    """Per phase and engine, the clock log's samples that fall inside that engine's turns:
+    how many, their mean SM clock and power, and their highest power (whether one engine's
+    turns ran at a lower clock, e.g. at the GPU's power limit)."""
+    out: dict[str, dict] = {}
+    for phase, phase_turns in turns.items():
+        for name in dict.fromkeys(t[0] for t in phase_turns):
+            inside = [
+                (sm, watts)
+                for stamp, sm, watts in clocks
+                if any(n == name and start <= stamp <= end for n, start, end in phase_turns)
+            ]
+            summary = dict(samples=len(inside))
+            if inside:
+                summary.update(
+                    sm_mhz=round(statistics.fmean(sm for sm, _ in inside)),
+                    power_w=round(statistics.fmean(w for _, w in inside), 1),
+                    max_power_w=max(w for _, w in inside),
+                )
+            out.setdefault(phase, {})[name] = summary
+    return out
 
 
 def place_cancelled(rows: list[dict]) -> list[dict]:
@@ -389,6 +444,8 @@ def print_row(row: dict) -> None:
         print(f"    {first:>10s} {second:>10s}  function")
         for function, a, b in samples["differ_ms_per_call"][:25]:
             print(f"    {a:10.3f} {b:10.3f}  {function}")
+    for phase, engines in row.get("clocks", {}).items():
+        print(f"  GPU clocks in each engine's turns, {phase}: {engines}")
     for name, prof in row.get("profile", {}).items():
         print(f"  {name} profiled first token: wall {prof['wall_us']:.0f} us, kernels "
               f"{prof['kernel_us']:.0f} us {prof['categories']}")  # fmt: skip
@@ -439,6 +496,13 @@ def main() -> None:
     )
     ap.add_argument("--py-spy", default="py-spy", help="py-spy's path, for --host-samples")
     ap.add_argument("--moe-routing", default=None, help="as e2e.py's, for both engines")
+    ap.add_argument(
+        "--clocks",
+        type=Path,
+        default=None,
+        help="a clock log written while this runs (gpu_host/job_lib.sh's clocks.csv): each "
+        "row gets the GPU's SM clock and power in each engine's turns",
+    )
     ap.add_argument("--output", type=Path, help="default: results/paired-engines-<gpu>.json")
     args = ap.parse_args()
 
@@ -483,8 +547,10 @@ def main() -> None:
         # itself before a plugin engine that follows vLLM's (vLLM's class before a built-in
         # engine that follows the plugin's)
         result = run_impl(__file__, pair[0], spec, **env)
+        clocks = read_clocks(args.clocks) if args.clocks else None
         for b in batches:
-            row = row_of(model, args.state_dtype, b, result["engines"], result["batches"][str(b)])
+            cell = result["batches"][str(b)]
+            row = row_of(model, args.state_dtype, b, result["engines"], cell, clocks)
             row["classes"] = result["model_class"]
             row["engine_batches"] = engine_batches
             key = ("model", "state_dtype", "batch", "engines", "engine_batches")

@@ -46,7 +46,8 @@
 #               of alternating engines (e2e.py), into LOG_DIR/e2e-M-bf16-ttft-rounds3-<gpu>.json
 #   paired-M    model M (8b or 9b), bf16 state: both implementations as two engines of one
 #               process, batches of B=1/32/128 alternating between them (paired_engines.py:
-#               time to first token and decode without the engine processes' spread), into
+#               time to first token and decode without the engine processes' spread; every
+#               paired step also the GPU's clocks in each engine's turns), into
 #               LOG_DIR/paired-engines-<gpu>.json
 #   paired-reversed-M the same with the plugin's engine first, vLLM's second: which of the two
 #               an engine's place in the process favours
@@ -95,6 +96,8 @@ out=${1:?usage: gpu_job.sh LOG_DIR STEP ...}
 shift
 . benchmarks/gpu_host/job_lib.sh
 sweep=$out/kernel-tuning-$gpu.json
+# the pairs read the job's clock log: the GPU's clocks in each engine's turns
+paired=(python3 benchmarks/paired_engines.py --clocks "$out/clocks.csv")
 merge_sweeps() {  # this job's sweeps, then the committed sweep's rows of the kernels they tune
   python3 -c "import json, os, sys
 new = sum((json.load(open(p)) for p in sys.argv[3:] if 'tune-tp' not in p), [])
@@ -186,28 +189,28 @@ for s in "$@"; do
         --batches 1,32,128 --repeats 3 --rounds 3 --output "$out/e2e-${s#ttft-}-bf16-ttft-rounds3-$gpu.json" ;;
     paired-8b|paired-9b)
       model=$(shape_of "$s")
-      step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
+      step "$s" "${paired[@]}" --models "$model" --state-dtype bfloat16 \
         --batches 1,32,128 --output "$out/paired-engines-$gpu.json" ;;
     paired-reversed-8b|paired-reversed-9b)
       model=$(shape_of "$s")
-      step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
+      step "$s" "${paired[@]}" --models "$model" --state-dtype bfloat16 \
         --batches 1,32,128 --pair plugin,builtin --output "$out/paired-engines-$gpu.json" ;;
     paired-control-8b|paired-control-9b)
       model=$(shape_of "$s")
       for pair in builtin,builtin plugin,plugin; do
-        step "$s-${pair%%,*}" python3 benchmarks/paired_engines.py --models "$model" \
+        step "$s-${pair%%,*}" "${paired[@]}" --models "$model" \
           --state-dtype bfloat16 --batches 1,32,128 --decode-pairs 2 --pair "$pair" \
           --output "$out/paired-engines-$gpu.json"
       done ;;
     paired-profile-8b|paired-profile-9b)
       model=$(shape_of "$s")
-      step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
+      step "$s" "${paired[@]}" --models "$model" --state-dtype bfloat16 \
         --batches "${PAIRED_BATCHES:-1}" --engine-batches 1,32,128 --ttft-pairs 6 \
         --pair "${PAIR:-builtin,plugin}" --decode-pairs 1 --profile \
         --output "$out/paired-engines-profile-$gpu.json" ;;
     host-samples-8b|host-samples-9b)
       model=$(shape_of "$s")
-      step "$s" python3 benchmarks/paired_engines.py --models "$model" --state-dtype bfloat16 \
+      step "$s" "${paired[@]}" --models "$model" --state-dtype bfloat16 \
         --batches 1 --engine-batches 1,32,128 --decode-pairs 2 --host-samples \
         --py-spy /root/py-spy \
         --output "$out/paired-engines-host-samples-$gpu.json" ;;
