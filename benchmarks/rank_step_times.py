@@ -30,7 +30,8 @@ step entered on (a late rank's process may share a core with another's busy loop
         --engine-processes    # on CPU, the engine core and worker apart as LLM() runs them
 
 Writes benchmarks/results/ (or --output-dir)
-rank-step-times-<model>-<state dtype>-b<batch>-tp<N>[-processes]-<device>.json and its .png.
+rank-step-times-<model>-<state dtype>-b<batch>-tp<N>[-processes]-<device>.json.gz (gzip) and
+its .png.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import gzip
 import json
 import os
 import statistics
@@ -375,10 +377,12 @@ def main() -> None:
         device=device,
     )  # fmt: skip
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    path = args.output_dir / f"{name}.json"
-    path.write_text(json.dumps(dict(meta=meta, **res), indent=1))
-    plot(res, path.with_suffix(".png"))
-    print(f"wrote {path} and its .png")
+    # compressed: every step's times per rank make the file large (up to a megabyte)
+    path = args.output_dir / f"{name}.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(dict(meta=meta, **res), f, indent=1)
+    plot(res, args.output_dir / f"{name}.png")
+    print(f"wrote {path} and {name}.png")
 
 
 if __name__ == "__main__":
