@@ -1,9 +1,10 @@
 """Serving benchmark: vLLM's OpenAI server with the plugin against the same server with vLLM's
-built-in Nemotron-H, same GPU, same job, one server process at a time.
+built-in Nemotron-H, same device, same job, one server process at a time.
 
-Each server starts through examples/serve.sh (as users start it) on a real shape with random
-bf16 weights (load_format="dummy"), torch.compile + CUDA graphs, max_num_seqs = the
-concurrency. The client (aiohttp, as vLLM's own `vllm bench serve`) keeps --concurrency
+Each server starts through examples/serve.sh (as users start it): on a real shape with random
+bf16 weights (load_format="dummy"), or on a tiny preset's checkpoint in fp32 (on CPU: what
+runs there), vLLM's defaults otherwise (torch.compile + CUDA graphs on a GPU), max_num_seqs =
+the concurrency. The client (aiohttp, as vLLM's own `vllm bench serve`) keeps --concurrency
 streamed completions in flight until --num-prompts are done: random token-id prompts of
 --input-len tokens, --output-len new tokens each (ignore_eos, greedy). A warm-up of
 --concurrency requests runs first and is not counted. Per implementation: requests/s,
@@ -11,11 +12,15 @@ output tokens/s, time to first token and inter-token latency (gaps between strea
 as mean and percentiles, and the time per output token of each request after its first.
 With --vllm-bench, vLLM's own `vllm bench serve` then runs the same load on the same server
 (its random dataset, so prompts are text of about --input-len tokens), and its figures are
-kept beside the client's.
+kept beside the client's. One server process of an implementation serves at its own speed
+(the same implementation's engines differ by more than the implementations do): --rounds N
+starts N servers of each, alternating which goes first; the ratios are of the medians over
+rounds, and each round's ratio is kept.
 
-    python benchmarks/serve_load.py --model nemotron-h-8b --state-dtype float32
+    python benchmarks/serve_load.py --model nemotron-h-8b --state-dtype float32 --rounds 2
+    python benchmarks/serve_load.py --model dense --concurrency 8 --num-prompts 32   # CPU
 
-Writes benchmarks/results/serve-load-<model>-<state dtype>-<gpu>.json (+ .png).
+Writes benchmarks/results/serve-load-<model>-<state dtype>-<device>.json (+ .png).
 """
 
 from __future__ import annotations
@@ -34,10 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from e2e import RESULTS, device_tag  # noqa: E402
+from e2e import RESULTS, device_tag, model_files  # noqa: E402
 
 from tests.server import openai_server  # noqa: E402
-from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES, write_real_shape_config  # noqa: E402
+from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES, TINY_PRESETS  # noqa: E402
 
 PERCENTILES = (50, 90, 99)
 
@@ -149,17 +154,26 @@ def vllm_bench_serve(url: str, served: str, model_dir: str, args) -> dict:
     return {k: raw[k] for k in keys if k in raw}
 
 
-def serve_and_measure(impl: str, model_dir: str, args) -> dict:
-    """Starts the server for ``impl`` ("plugin" or "builtin"), runs warm-up and load, stops it."""
+def serve_and_measure(impl: str, files: dict, args, round_: int) -> dict:
+    """Starts the server for ``impl`` ("plugin" or "builtin") on the model ``files``
+    (e2e.model_files), runs warm-up and load, stops it."""
     import requests
+    import torch
 
+    model_dir = files["model"]
     flags = [
-        "--load-format", "dummy", "--max-num-seqs", str(args.concurrency),
+        "--max-num-seqs", str(args.concurrency),
         "--max-model-len", str(args.input_len + args.output_len + 16),
-        "--mamba-ssm-cache-dtype", args.state_dtype, "--gpu-memory-utilization", "0.9",
+        "--mamba-ssm-cache-dtype", args.state_dtype,
     ]  # fmt: skip
+    if "load_format" in files:  # a real shape: random weights
+        flags += ["--load-format", files["load_format"]]
+    else:  # a tiny preset's checkpoint, fp32 as the tests run it
+        flags += ["--dtype", "float32"]
+    if torch.cuda.is_available():  # on CPU examples/serve.sh sets a share that fits
+        flags += ["--gpu-memory-utilization", "0.9"]
     env = {"VLLM_NEMOTRON_H_DISABLE": "1"} if impl == "builtin" else {}
-    log_name = f"serve-load-{impl}.log"
+    log_name = f"serve-load-{impl}-r{round_}.log"
     started = time.perf_counter()
     with openai_server(
         model_dir, *flags, log_name=log_name, timeout=args.start_timeout, tiny_flags=False, env=env
@@ -183,15 +197,58 @@ def serve_and_measure(impl: str, model_dir: str, args) -> dict:
     result["server_start_s"] = round(start_s, 1)
     log = (ROOT / ".cache" / log_name).read_text().splitlines()
     result["plugin_log_line"] = next((line for line in log if "serves NemotronH" in line), None)
-    print(f"{impl}: {json.dumps(result)}", flush=True)
+    print(f"{impl} round {round_}: {json.dumps(result)}", flush=True)
     return result
+
+
+# The figures compared between the implementations: (name, where in a round's result, whether
+# larger is better), the project's client's and, where run, vllm bench serve's.
+FIGURES = (
+    ("output_tok_s", ("output_tok_s",), True),
+    ("ttft_p50_ms", ("ttft_ms", "p50"), False),
+    ("itl_p50_ms", ("itl_ms", "p50"), False),
+    ("tpot_p50_ms", ("tpot_ms", "p50"), False),
+    ("vllm_bench_output_tok_s", ("vllm_bench_serve", "output_throughput"), True),
+    ("vllm_bench_median_ttft_ms", ("vllm_bench_serve", "median_ttft_ms"), False),
+    ("vllm_bench_median_itl_ms", ("vllm_bench_serve", "median_itl_ms"), False),
+    ("vllm_bench_median_tpot_ms", ("vllm_bench_serve", "median_tpot_ms"), False),
+)
+
+
+def figure(result: dict, where: tuple[str, ...]) -> float | None:
+    for key in where:
+        result = result.get(key) if isinstance(result, dict) else None
+    return result
+
+
+def medians(rounds: list[dict]) -> dict[str, float]:
+    """Each figure's median over an implementation's rounds (where every round has it)."""
+    out = {}
+    for name, where, _ in FIGURES:
+        values = [figure(r, where) for r in rounds]
+        if values and None not in values:
+            out[name] = round(statistics.median(values), 2)
+    return out
+
+
+def plugin_speed(plugin: dict, builtin: dict) -> dict[str, float]:
+    """The plugin's speed against the built-in's per figure (> 1: the plugin better): a
+    throughput's ratio, a latency's inverse ratio."""
+    return {
+        name: round(plugin[name] / builtin[name] if larger else builtin[name] / plugin[name], 3)
+        for name, _, larger in FIGURES
+        if name in plugin and name in builtin
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="nemotron-h-8b", choices=sorted(REAL_SHAPES))
+    ap.add_argument(
+        "--model", default="nemotron-h-8b", choices=sorted([*REAL_SHAPES, *TINY_PRESETS])
+    )
     ap.add_argument("--state-dtype", default="float32")
     ap.add_argument("--impls", default="builtin,plugin")
+    ap.add_argument("--rounds", type=int, default=1, help="servers of each implementation")
     ap.add_argument("--num-prompts", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--input-len", type=int, default=128)
@@ -207,73 +264,78 @@ def main() -> None:
     import torch
     import vllm
 
-    gpu = torch.cuda.get_device_name()
-    name = f"serve-load-{args.model}-{args.state_dtype}-{device_tag(gpu)}.json"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    name = f"serve-load-{args.model}-{args.state_dtype}-{device_tag(device)}.json"
     path = args.output or RESULTS / name
-    model_dir = str(write_real_shape_config(Path(tempfile.mkdtemp()) / args.model, args.model))
-    results = {impl: serve_and_measure(impl, model_dir, args) for impl in args.impls.split(",")}
+    files = model_files(args.model)
+    impls = args.impls.split(",")
+    rounds: dict[str, list[dict]] = {impl: [] for impl in impls}
+    for r in range(args.rounds):  # alternating which implementation's server goes first
+        for impl in impls if r % 2 == 0 else impls[::-1]:
+            rounds[impl].append(serve_and_measure(impl, files, args, r))
+    results = {impl: dict(median=medians(rounds[impl]), rounds=rounds[impl]) for impl in impls}
     doc = dict(
         meta=dict(
-            gpu=gpu,
+            gpu=device,
             vllm=vllm.__version__,
             torch=torch.__version__,
             date=time.strftime("%Y-%m-%d"),
             model=args.model,
             state_dtype=args.state_dtype,
-            weights="random bf16 (load_format=dummy)",
-            mode="vllm serve (examples/serve.sh), torch.compile + CUDA graphs",
+            weights="random bf16 (load_format=dummy)" if "load_format" in files else "tiny fp32",
+            mode="vllm serve (examples/serve.sh), vLLM's defaults"
+            + (" (torch.compile + CUDA graphs)" if device != "cpu" else ""),
             num_prompts=args.num_prompts,
             concurrency=args.concurrency,
             input_len=args.input_len,
             output_len=args.output_len,
+            rounds=args.rounds,
         ),
         results=results,
     )
     if {"plugin", "builtin"} <= set(results):
-        p, b = results["plugin"], results["builtin"]
-        doc["plugin_over_builtin"] = dict(
-            output_tok_s=round(p["output_tok_s"] / b["output_tok_s"], 3),
-            ttft_p50=round(p["ttft_ms"]["p50"] / b["ttft_ms"]["p50"], 3),
-            itl_p50=round(p["itl_ms"]["p50"] / b["itl_ms"]["p50"], 3),
+        doc["plugin_speed"] = dict(
+            plugin_speed(results["plugin"]["median"], results["builtin"]["median"]),
+            per_round=[
+                plugin_speed(medians([p]), medians([b]))
+                for p, b in zip(rounds["plugin"], rounds["builtin"])
+            ],
         )
-        if "vllm_bench_serve" in p and "vllm_bench_serve" in b:
-            pv, bv = p["vllm_bench_serve"], b["vllm_bench_serve"]
-            doc["plugin_over_builtin"]["vllm_bench_serve"] = {
-                k: round(pv[k] / bv[k], 3)
-                for k in ("output_throughput", "median_ttft_ms", "median_itl_ms")
-            }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1))
     plot(doc, path.with_suffix(".png"))
-    print(json.dumps(doc.get("plugin_over_builtin", {})))
+    print(json.dumps(doc.get("plugin_speed", {})))
 
 
 def plot(doc: dict, path: Path) -> None:
+    """A panel per figure: each implementation's median over rounds (bar) and its rounds
+    (dots)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    impls = list(doc["results"])
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    panels = [
-        ("output tokens/s", lambda r: [r["output_tok_s"]], ["all"]),
-        ("time to first token (ms)", lambda r: [r["ttft_ms"][f"p{p}"] for p in PERCENTILES], None),
-        ("inter-token latency (ms)", lambda r: [r["itl_ms"][f"p{p}"] for p in PERCENTILES], None),
-    ]
-    for ax, (title, values, labels) in zip(axes, panels):
-        labels = labels or [f"p{p}" for p in PERCENTILES]
-        width = 0.8 / len(impls)
+    results = doc["results"]
+    impls = list(results)
+    names = [n for n, _, _ in FIGURES if all(n in results[i]["median"] for i in impls)]
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        where = next(w for n, w, _ in FIGURES if n == name)
         for i, impl in enumerate(impls):
-            xs = [j + (i - (len(impls) - 1) / 2) * width for j in range(len(labels))]
-            ax.bar(xs, values(doc["results"][impl]), width, label=impl)
-        ax.set_xticks(range(len(labels)), labels)
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
+            ax.bar(i, results[impl]["median"][name], 0.6, color=f"C{i}")
+            values = [figure(r, where) for r in results[impl]["rounds"]]
+            ax.scatter([i] * len(values), values, s=10, color="k", zorder=3)
+        ax.set_xticks(range(len(impls)), impls)
+        ax.set_title(name.replace("_", " "), fontsize=8)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
     m = doc["meta"]
     fig.suptitle(
         f"vllm serve, {m['model']} ({m['state_dtype']} state), {m['concurrency']} concurrent, "
-        f"{m['input_len']} in / {m['output_len']} out; {m['gpu']}, vLLM {m['vllm']}, {m['date']}",
+        f"{m['input_len']} in / {m['output_len']} out, {m['rounds']} round(s); {m['gpu']}, "
+        f"vLLM {m['vllm']}, {m['date']}",
         fontsize=9,
     )
     fig.tight_layout()

@@ -81,7 +81,8 @@
 #               whether a recomputed sequence parts from its run alone by the prefill's TF32
 #   serve-load-8b `vllm serve` with the plugin against the built-in's server, 8B shape, fp32
 #               state, 128 concurrent streams: the project's client, then `vllm bench serve`
-#               on the same server, into LOG_DIR/serve-load-nemotron-h-8b-float32-<gpu>.json
+#               on the same server ($ROUNDS servers of each, alternating; default 1, ~8 min
+#               a round), into LOG_DIR/serve-load-nemotron-h-8b-float32-<gpu>.json
 #   boundary-tests tests/test_vllm_boundary.py on this vLLM (the touchpoints' contracts, the
 #               scan's tuned launches against vLLM's own)
 #   int8-floor  the int8 state format's bytes moved without arithmetic (int8_state_floor.py)
@@ -240,7 +241,8 @@ for s in "$@"; do
           python3 -m pytest -q -p no:cacheprovider tests/test_reliability.py -k preemption
       done ;;
     serve-load-8b) step serve-load-8b python3 benchmarks/serve_load.py --model nemotron-h-8b \
-      --state-dtype float32 --vllm-bench --output "$out/serve-load-nemotron-h-8b-float32-$gpu.json" ;;
+      --state-dtype float32 --vllm-bench --rounds "${ROUNDS:-1}" \
+      --output "$out/serve-load-nemotron-h-8b-float32-$gpu.json" ;;
     int8-floor) step int8-floor python3 benchmarks/kernels/int8_state_floor.py \
       --models nemotron-h-8b,nano-9b-v2 --output "$out/kernels-int8_state_floor-$gpu.json" ;;
     deferred-floor) step deferred-floor python3 benchmarks/kernels/deferred_state_floor.py \
