@@ -154,13 +154,9 @@ def vllm_bench_serve(url: str, served: str, model_dir: str, args) -> dict:
     return {k: raw[k] for k in keys if k in raw}
 
 
-def serve_and_measure(impl: str, files: dict, args, round_: int) -> dict:
-    """Starts the server for ``impl`` ("plugin" or "builtin") on the model ``files``
-    (e2e.model_files), runs warm-up and load, stops it."""
-    import requests
-    import torch
-
-    model_dir = files["model"]
+def server_flags(files: dict, args, on_gpu: bool) -> list[str]:
+    """The `vllm serve` flags of every server of a run, for the model ``files``
+    (e2e.model_files)."""
     flags = [
         "--max-num-seqs", str(args.concurrency),
         "--max-model-len", str(args.input_len + args.output_len + 16),
@@ -170,8 +166,16 @@ def serve_and_measure(impl: str, files: dict, args, round_: int) -> dict:
         flags += ["--load-format", files["load_format"]]
     else:  # a tiny preset's checkpoint, fp32 as the tests run it
         flags += ["--dtype", "float32"]
-    if torch.cuda.is_available():  # on CPU examples/serve.sh sets a share that fits
+    if on_gpu:  # on CPU examples/serve.sh sets a share that fits
         flags += ["--gpu-memory-utilization", "0.9"]
+    return flags
+
+
+def serve_and_measure(impl: str, model_dir: str, flags: list[str], args, round_: int) -> dict:
+    """Starts the server for ``impl`` ("plugin" or "builtin") on ``model_dir`` with
+    ``flags``, runs warm-up and load, stops it."""
+    import requests
+
     env = {"VLLM_NEMOTRON_H_DISABLE": "1"} if impl == "builtin" else {}
     log_name = f"serve-load-{impl}-r{round_}.log"
     started = time.perf_counter()
@@ -216,6 +220,7 @@ FIGURES = (
 
 
 def figure(result: dict, where: tuple[str, ...]) -> float | None:
+    """The figure at ``where`` in a round's result (None where that round has none)."""
     for key in where:
         result = result.get(key) if isinstance(result, dict) else None
     return result
@@ -268,11 +273,12 @@ def main() -> None:
     name = f"serve-load-{args.model}-{args.state_dtype}-{device_tag(device)}.json"
     path = args.output or RESULTS / name
     files = model_files(args.model)
+    flags = server_flags(files, args, on_gpu=device != "cpu")
     impls = args.impls.split(",")
     rounds: dict[str, list[dict]] = {impl: [] for impl in impls}
     for r in range(args.rounds):  # alternating which implementation's server goes first
         for impl in impls if r % 2 == 0 else impls[::-1]:
-            rounds[impl].append(serve_and_measure(impl, files, args, r))
+            rounds[impl].append(serve_and_measure(impl, files["model"], flags, args, r))
     results = {impl: dict(median=medians(rounds[impl]), rounds=rounds[impl]) for impl in impls}
     doc = dict(
         meta=dict(
