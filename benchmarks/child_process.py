@@ -35,10 +35,10 @@ def run_impl(script: str, impl: str, spec: dict, **env: str) -> dict:
     result = None
     with subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
+            # the result line too: a job cut short keeps its finished engines in its log
+            sys.stderr.write(line)
             found = child_result(line)
-            if found is None:
-                sys.stderr.write(line)
-            else:
+            if found is not None:
                 result = found
     if result is None:
         raise RuntimeError(f"{impl} {spec} failed (rc={proc.returncode}), log above")
