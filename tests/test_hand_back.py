@@ -9,7 +9,9 @@ import pytest
 
 from vllm_nemotron_h.model_executor.validation import (
     UnsupportedConfigError,
+    align_for_plugin_states,
     deferred_writes_for_replayssm,
+    deferred_writes_off_reason,
     hand_back_reason,
     state_layout,
 )
@@ -29,6 +31,8 @@ def vllm_config(
     preset: dict | None = None,
     replayssm_buffer_len: int = 16,
     enable_prefix_caching: bool = False,
+    mamba_cache_mode: str = "none",
+    deferred_state_writes: int = 0,
     **hf_changes,
 ) -> SimpleNamespace:
     hf = make_config(preset or TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
@@ -38,14 +42,17 @@ def vllm_config(
         model_config=SimpleNamespace(hf_config=hf),
         parallel_config=SimpleNamespace(tensor_parallel_size=1),
         cache_config=SimpleNamespace(
-            mamba_cache_mode="none",
+            mamba_cache_mode=mamba_cache_mode,
             enable_prefix_caching=enable_prefix_caching,
             use_replayssm=use_replayssm,
             replayssm_buffer_len=replayssm_buffer_len,
         ),
         num_speculative_tokens=spec_tokens,
         speculative_config=SimpleNamespace(method=spec_method) if spec_tokens else None,
-        additional_config={"nemotron_h": {"ssm_state": ssm_state}},
+        additional_config={
+            "nemotron_h": {"ssm_state": ssm_state}
+            | ({"deferred_state_writes": deferred_state_writes} if deferred_state_writes else {})
+        },
     )
 
 
@@ -57,6 +64,7 @@ def vllm_config(
         (dict(use_replayssm=True), "use_replayssm=True"),
         (dict(mamba_hidden_act="gelu"), "mamba_hidden_act='gelu'"),
         (dict(mamba_head_dim=160), "mamba_head_dim=160"),
+        (dict(enable_prefix_caching=True, mamba_cache_mode="all"), "mamba_cache_mode='all'"),
     ],
 )
 def test_reason_names_the_field(changes, named):
@@ -128,3 +136,56 @@ def test_replayssm_with_prefix_caching_runs_as_deferred_writes():
     deferred_writes_for_replayssm(config)
     assert config.cache_config.use_replayssm is False
     assert hand_back_reason(config) is None
+
+
+def test_vllm_keeps_mamba_cache_mode_all_for_the_plugins_class():
+    """vLLM 0.26 keeps its default Mamba cache mode with prefix caching, 'all', only for a
+    class its registry records as claiming it (else it turns 'all' into 'align', which
+    refuses token budgets 'all' takes); the plugin then hands 'all' to vLLM's model."""
+    from vllm.model_executor.models.registry import _ModelInfo
+
+    from vllm_nemotron_h.model_executor.hybrid_model import NemotronHForCausalLM
+
+    assert _ModelInfo.from_model_cls(NemotronHForCausalLM).supports_mamba_prefix_caching
+    reason = hand_back_reason(vllm_config(enable_prefix_caching=True, mamba_cache_mode="all"))
+    assert "mamba_cache_mode='align' runs the plugin" in reason
+
+
+def test_deferred_writes_stay_off_where_vllms_model_serves():
+    """A config handed back to vLLM's model gets vLLM's states: no rings beside them."""
+    config = vllm_config(
+        enable_prefix_caching=True, mamba_cache_mode="all", deferred_state_writes=4
+    )
+    assert hand_back_reason(config).startswith("mamba_cache_mode='all'")
+    assert state_layout(config).ring_size == 0
+    assert deferred_writes_off_reason(config).startswith("vLLM's built-in model serves")
+    assert state_layout(vllm_config(deferred_state_writes=4)).ring_size == 4
+
+
+@pytest.mark.parametrize(
+    "ssm_state, ring, prefix_caching, asked, mode",
+    [
+        ("int8", 0, True, "none", "align"),
+        ("auto", 8, True, "none", "align"),
+        ("int8", 4, True, "none", "align"),
+        ("auto", 0, True, "none", "none"),  # vLLM picks: 'all' on 0.26, 'align' on 0.32
+        ("int8", 0, False, "none", "none"),
+        ("int8", 0, True, "all", "all"),  # asked for: an error naming 'align' (above)
+    ],
+)
+def test_prefix_caching_with_the_plugins_states_runs_align(
+    ssm_state, ring, prefix_caching, asked, mode
+):
+    """The plugin's own states run only on its model, and so in 'align': with prefix
+    caching, the plugin's config update asks for it before vLLM picks a mode."""
+    config = vllm_config(
+        ssm_state,
+        enable_prefix_caching=prefix_caching,
+        mamba_cache_mode=asked,
+        deferred_state_writes=ring,
+    )
+    align_for_plugin_states(config)
+    assert config.cache_config.mamba_cache_mode == mode
+    if mode == "align":
+        assert hand_back_reason(config) is None
+        assert state_layout(config).ring_size == ring

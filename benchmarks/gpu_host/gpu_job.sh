@@ -68,8 +68,11 @@
 #               autotuners against the plugin's tuned launches (8B and 9B shapes, 1 and 32
 #               prompts of 128 tokens), then the boundary tests on this vLLM (the scan's
 #               equality) and the engine tests through prefills (fp32 tokens against
-#               transformers and the built-in; prefix caching mode 'all', whose prefills
-#               start from cached states), into LOG_DIR/prefill-scan-host-time-<gpu>.json
+#               transformers and the built-in; prefix caching in 'align' on the plugin,
+#               whose prefills start from cached states, and in 'all' on vLLM's model),
+#               into LOG_DIR/prefill-scan-host-time-<gpu>.json
+#   prefix-caching-tests the engine tests with prefix caching alone (each Mamba cache mode
+#               where it runs; deferred writes' rings through cached blocks)
 #   serving-tests the server's reliability and serve tests on this GPU (tiny fp32 model through
 #               examples/serve.sh: concurrent load, disconnecting clients, preemption, bad
 #               requests, completions against offline), their rows in LOG_DIR/reliability/;
@@ -226,7 +229,9 @@ for s in "$@"; do
         --output "$out/prefill-scan-host-time-$gpu.json"
       boundary_tests
       step scan-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
-        tests/gpu/test_engine_gpu.py -k "fp32_eager or mamba_cache_mode_all" ;;
+        tests/gpu/test_engine_gpu.py -k "fp32_eager or prefix_caching_mode_all" ;;
+    prefix-caching-tests) step prefix-caching-tests python3 -m pytest -m gpu -s \
+      -p no:cacheprovider tests/gpu/test_engine_gpu.py -k prefix_caching ;;
     boundary-tests) boundary_tests ;;
     serving-tests)
       step serving-tests env VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability" python3 -m pytest -q \

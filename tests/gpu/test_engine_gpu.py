@@ -218,12 +218,13 @@ def test_deferred_writes_switch_to_the_per_step_update_where_deferring_does_not_
 
 def test_deferred_writes_with_prefix_caching_stay_with_transformers(checkpoint):
     """Deferred writes (a ring of 4, the deferred update at every batch) with prefix caching
-    in vLLM 0.26's default Mamba cache mode ('all', which vLLM turns into 'align' for the
-    plugin's model) and CUDA graphs: the runner's copies of a state into the next block carry
-    its ring, a prefill flushes the rings it reads. After fillers that leave part-full rings,
-    prompts each extending the one before hit the cached blocks and decode as transformers
-    does (one near-tie allowed, as on the per-step path). vLLM 0.26 keeps a prompt's state
-    at the block boundaries where its prefill chunks end: chunks of one block here."""
+    (no mode given: the plugin's config update asks for 'align', the mode it runs its own
+    states in, where vLLM 0.26 would pick 'all') and CUDA graphs: the runner's copies of a
+    state into the next block carry its ring, a prefill flushes the rings it reads. After
+    fillers that leave part-full rings, prompts each extending the one before hit the cached
+    blocks and decode as transformers does (one near-tie allowed, as on the per-step path).
+    vLLM 0.26 keeps a prompt's state at the block boundaries where its prefill chunks end:
+    chunks of one block here."""
     fillers, prompts = prefix_cache_prompts()
     engine = dict(
         ENGINE,
@@ -436,31 +437,32 @@ def test_ngram_speculation_on_the_plugin(tmp_path, ssm_state):
     assert min(equal) >= 8, equal
 
 
-def test_prefix_caching_in_mamba_cache_mode_all_runs_the_plugin():
-    """vLLM 0.26's default Mamba cache mode for Nemotron-H with prefix caching, 'all', which
-    vLLM turns into 'align' for the plugin's model with its own warning: on the shipped
-    model the plugin serves it, and a prompt extending a cached one, and the cached prompt
-    again, decode as runs without prefix caching do (prompts prefilled in chunks that end
-    at the cached block boundary, 256 tokens, in both engines). In fp32: 'align' makes a block
-    hold one Mamba state's bytes in attention pages, 256 tokens of fp32 attention here (448
-    of bf16, more than the 256-token budget, which vLLM refuses in 'align' mode)."""
+def test_prefix_caching_mode_all_goes_to_vllm_and_align_runs_the_plugin():
+    """On the shipped model with prefix caching: vLLM 0.26's default Mamba cache mode for
+    Nemotron-H, 'all', goes to vLLM's model, which serves it with a bf16 state and 256 tokens
+    a step, a budget 'align' refuses there (a block then holds one Mamba state in attention
+    pages: 448 tokens); 'align', asked for, runs the plugin (fp32 state: blocks of 256
+    tokens), where a prompt extending a cached one, and the cached prompt again, decode as
+    runs without prefix caching do (prompts prefilled in chunks that end at the cached block
+    boundary)."""
     model = ROOT / "models" / "nemotron-h-pycode"
     stream = heldout_stream(model)
     base, longer = stream[:300], stream[:337]
-    engine = dict(
-        ENGINE, dtype="float32", max_model_len=1024, block_size=64, max_num_batched_tokens=256
-    )
-    spec = dict(model=str(model), max_tokens=32)
-    hits = run_engine(
-        dict(spec, prompts=[base], jobs=[[longer], [base]],
-             engine=dict(engine, enable_prefix_caching=True, mamba_cache_mode="all"))
-    )  # fmt: skip
+    engine = dict(ENGINE, max_model_len=1024, block_size=64, max_num_batched_tokens=256)
+    spec = dict(model=str(model), max_tokens=32, prompts=[base], jobs=[[longer], [base]])
+    cached = dict(engine, enable_prefix_caching=True)
+    vllms = run_engine(dict(spec, engine=dict(cached, dtype="bfloat16", mamba_cache_mode="all")))
+    assert vllms["model_class"].startswith("vllm.model_executor."), vllms["model_class"]
+    print("vLLM's model, mode 'all', cached prompt tokens per job:", vllms["cached_tokens"][1:])
+    assert all(job[0] > 0 for job in vllms["cached_tokens"][1:]), vllms["cached_tokens"]
+
+    hits = run_engine(dict(spec, engine=dict(cached, dtype="float32", mamba_cache_mode="align")))
     cold = run_engine(
         dict(spec, prompts=[longer], jobs=[[base]],
-             engine=dict(engine, enable_prefix_caching=False))
+             engine=dict(engine, dtype="float32", enable_prefix_caching=False))
     )  # fmt: skip
     assert hits["model_class"].startswith("vllm_nemotron_h.")
-    print("prompt tokens from the prefix cache, per job:", hits["cached_tokens"][1:])
+    print("the plugin, mode 'align', cached prompt tokens per job:", hits["cached_tokens"][1:])
     assert all(job[0] > 0 for job in hits["cached_tokens"][1:]), hits["cached_tokens"]
     assert hits["jobs"][0][0] == cold["tokens"][0], "after a prefix-cache hit"
     assert hits["jobs"][1][0] == cold["jobs"][0][0] == hits["tokens"][0], "a full hit"

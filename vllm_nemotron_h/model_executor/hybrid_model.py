@@ -47,9 +47,12 @@ from vllm_nemotron_h.vllm_boundary.layers import (
 class NemotronHForCausalLM(VllmNemotronHForCausalLM):
     """The class vLLM builds for ``architectures: ["NemotronHForCausalLM"]`` with the plugin."""
 
-    # Prefix caching runs in vLLM's "align" mode (the runner copies states between blocks);
-    # the "all" mode's per-block state writes inside the mixer are not implemented.
-    supports_mamba_prefix_caching = False
+    # Claimed so that vLLM 0.26 keeps its Mamba cache mode 'all' (its default for Nemotron-H
+    # with prefix caching), which it would turn into 'align' for a class without the claim:
+    # 'align' refuses token budgets 'all' takes. The plugin runs 'none' and 'align' (the
+    # runner copies states between blocks) and hands 'all' to vLLM's model
+    # (validation.hand_back_reason), so an engine runs as it would without the plugin.
+    supports_mamba_prefix_caching = True
 
     def __new__(cls, *, vllm_config: VllmConfig, prefix: str = ""):
         """The plugin's model, or vLLM's built-in one where the plugin cannot run the config

@@ -19,9 +19,11 @@ from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     additional_config,
     mamba_cache_mode,
+    prefix_caching_enabled,
     replayssm_buffer_len,
     replayssm_enabled,
     set_additional_config,
+    set_mamba_cache_mode,
     speculative_method,
     speculative_tokens,
     turn_off_replayssm,
@@ -110,7 +112,29 @@ def _deferred_writes_excluded(vllm_config: VllmConfig) -> str | None:
     """What in the engine's config keeps deferred writes from running, or None."""
     if speculative_tokens(vllm_config):
         return "speculative decoding keeps a state after every draft token"
+    handed_back = _plugin_cannot_run(vllm_config)
+    if handed_back:  # vLLM's model declares its own states: no rings beside them
+        return f"vLLM's built-in model serves this config ({handed_back})"
     return None
+
+
+def align_for_plugin_states(vllm_config: VllmConfig) -> None:
+    """With prefix caching and a state only the plugin has (int8, deferred writes), Mamba
+    cache mode 'align', the mode the plugin runs, where vLLM has not chosen one yet: vLLM
+    0.26 would choose 'all', which its own model runs, without those states. Runs where vLLM
+    updates the config for the architecture, before vLLM chooses the mode; one log line."""
+    options = plugin_options(vllm_config)
+    own = {k: v for k, v in options.items() if v != next(iter(OPTIONS[k]))}
+    if not own or not prefix_caching_enabled(vllm_config):
+        return
+    if mamba_cache_mode(vllm_config) != "none":  # asked for: 'all' is handed back, named
+        return
+    set_mamba_cache_mode(vllm_config, "align")
+    plugin_logger().info(
+        "vllm-nemotron-h: prefix caching with additional_config['nemotron_h'] %s: Mamba cache "
+        "mode 'align', in which the plugin runs these states",
+        ", ".join(f"{k}={v!r}" for k, v in own.items()),
+    )
 
 
 def deferred_writes_for_replayssm(vllm_config: VllmConfig) -> None:
@@ -223,7 +247,7 @@ def _plugin_cannot_run(vllm_config: VllmConfig) -> str | None:
     if mamba_cache_mode(vllm_config) not in ("none", "align"):
         return (
             f"mamba_cache_mode={mamba_cache_mode(vllm_config)!r}, the plugin runs 'none' "
-            "and 'align'"
+            "and 'align' (mamba_cache_mode='align' runs the plugin with prefix caching)"
         )
     method = speculative_method(vllm_config)
     if speculative_tokens(vllm_config) and method not in SPECULATIVE_METHODS:

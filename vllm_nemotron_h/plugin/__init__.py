@@ -41,7 +41,12 @@ def register() -> None:
 
 def update_config(vllm_config: VllmConfig) -> None:
     """The plugin's part of vLLM's config update for the architecture: ReplaySSM, asked for,
-    becomes the plugin's deferred writes where the plugin serves the model."""
-    from vllm_nemotron_h.model_executor.validation import deferred_writes_for_replayssm
+    becomes the plugin's deferred writes where the plugin serves the model; prefix caching
+    with the plugin's own states runs in the Mamba cache mode the plugin runs."""
+    from vllm_nemotron_h.model_executor.validation import (
+        align_for_plugin_states,
+        deferred_writes_for_replayssm,
+    )
 
     deferred_writes_for_replayssm(vllm_config)
+    align_for_plugin_states(vllm_config)

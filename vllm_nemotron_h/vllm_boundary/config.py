@@ -13,9 +13,11 @@ __all__ = [
     "after_architecture_config_update",
     "current_vllm_config",
     "mamba_cache_mode",
+    "prefix_caching_enabled",
     "replayssm_buffer_len",
     "replayssm_enabled",
     "set_additional_config",
+    "set_mamba_cache_mode",
     "speculative_method",
     "speculative_tokens",
     "ssm_state_dtype",
@@ -41,6 +43,14 @@ def turn_off_replayssm(vllm_config: VllmConfig) -> None:
 def mamba_cache_mode(vllm_config: VllmConfig) -> str:
     """'none', 'align' or 'all': how prefix caching keeps Mamba states."""
     return vllm_config.cache_config.mamba_cache_mode
+
+
+def set_mamba_cache_mode(vllm_config: VllmConfig, mode: str) -> None:
+    vllm_config.cache_config.mamba_cache_mode = mode
+
+
+def prefix_caching_enabled(vllm_config: VllmConfig) -> bool:
+    return bool(vllm_config.cache_config.enable_prefix_caching)
 
 
 def speculative_tokens(vllm_config: VllmConfig) -> int:

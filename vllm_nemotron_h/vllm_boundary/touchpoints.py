@@ -186,6 +186,34 @@ def _check_config_update() -> None:
     )
 
 
+def _check_mamba_cache_mode_claim() -> None:
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig
+    from vllm.model_executor.models import config as model_configs
+    from vllm.model_executor.models.registry import _ModelInfo
+
+    _fields(_ModelInfo, "supports_mamba_prefix_caching")
+    _require(
+        isinstance(getattr(ModelConfig, "supports_mamba_prefix_caching", None), property),
+        "ModelConfig.supports_mamba_prefix_caching is gone",
+    )
+    # the architecture's entry (the plugin's config update) runs before vLLM picks the mode
+    source = inspect.getsource(VllmConfig.try_verify_and_update_config)
+    entry, hybrid = (
+        source.find("cls.verify_and_update_config(self)"),
+        source.find("HybridAttentionMambaModelConfig.verify_and_update_config(self)"),
+    )
+    _require(0 <= entry < hybrid, "the architecture's config update no longer runs first")
+    modes = str(
+        next(f.type for f in dataclasses.fields(CacheConfig) if f.name == "mamba_cache_mode")
+    )
+    if "all" in modes:  # vLLM 0.26: the claim keeps 'all' for the registered class
+        picks = inspect.getsource(model_configs.MambaModelConfig.verify_and_update_config)
+        _require(
+            "supports_mamba_prefix_caching" in picks,
+            "MambaModelConfig no longer reads supports_mamba_prefix_caching to pick 'all'",
+        )
+
+
 def _check_conv_layout() -> None:
     from vllm.model_executor.layers.mamba import mamba_utils
 
@@ -650,6 +678,21 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "a vLLM hook for plugins to adjust the config of an architecture they register",
         _check_config_update,
+    ),
+    Touchpoint(
+        "mamba-cache-mode-all",
+        "the model class's supports_mamba_prefix_caching, read through the registry's "
+        "_ModelInfo by MambaModelConfig.verify_and_update_config (0.26: 'all' kept for a class "
+        "that claims it, else turned into 'align'); the architecture's config update running "
+        "before it",
+        "vLLM 0.26's default mode with prefix caching, 'all', stays 'all' and goes to vLLM's "
+        "model: in 'align', which the plugin runs, vLLM refuses token budgets below a block "
+        "that 'all' takes. The plugin's own states (int8, deferred writes) ask for 'align' "
+        "before vLLM picks the mode",
+        BOTH,
+        "the plugin running 'all' (the mixer's per-block state writes), or vLLM versions "
+        "without 'all' (0.32 has none)",
+        _check_mamba_cache_mode_claim,
     ),
     Touchpoint(
         "engine-log",
