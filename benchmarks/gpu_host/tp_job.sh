@@ -22,7 +22,9 @@
 #   of Mamba layers sharing a cache group under CUDA graphs); with
 #   any step, each GPU's SM clock, power and temperature every second in LOG_DIR/clocks.csv;
 #   default tests e2e-8b e2e-9b e2e-30b. ROUNDS=N
-#   in the environment: the e2e rows from N engines per implementation, alternating.
+#   in the environment: the e2e rows from N engines per implementation, alternating;
+#   IMPLS=plugin,builtin: the plugin's engine first (default builtin,plugin: an engine's
+#   place in the job is then the other implementation's in the other order).
 #   Every engine's log of the tests goes to LOG_DIR/engines.
 set -u
 out=${1:?usage: tp_job.sh LOG_DIR [STEP ...]}
@@ -36,7 +38,7 @@ tp=${TP:-2}
 results=$out/e2e-tp$tp-$gpu.json
 e2e() {  # ROUNDS in the environment: engines per implementation, alternating (default 1)
   python3 benchmarks/e2e.py --tensor-parallel-size "$tp" --repeats 5 --rounds "${ROUNDS:-1}" \
-    --output "$results" "$@"
+    --impls "${IMPLS:-builtin,plugin}" --output "$results" "$@"
 }
 tp_case() {
   step "tp-$1" python3 -m pytest -m gpu tests/gpu/test_tensor_parallel_gpu.py -k "$1" -s \
