@@ -118,12 +118,18 @@ def test_speculation_turns_deferred_writes_off_with_a_log_line():
 
     from vllm_nemotron_h.model_executor.hybrid_model import writes_description
     from vllm_nemotron_h.model_executor.validation import state_layout
+    from vllm_nemotron_h.testing.checkpoints import TINY_PRESETS, TINY_VOCAB_SIZE, make_config
 
     options = {"nemotron_h": {"deferred_state_writes": RING}}
     config = SimpleNamespace(
         additional_config=options,
+        model_config=SimpleNamespace(
+            hf_config=make_config(TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
+        ),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
         cache_config=SimpleNamespace(mamba_cache_mode="align"),
         num_speculative_tokens=None,
+        speculative_config=None,
     )
     assert state_layout(config).ring_size == RING
     assert writes_description(config).startswith(f"state writes deferred, every {RING} tokens")
