@@ -189,3 +189,12 @@ def test_prefix_caching_with_the_plugins_states_runs_align(
     if mode == "align":
         assert hand_back_reason(config) is None
         assert state_layout(config).ring_size == ring
+
+
+def test_vllms_mode_stands_where_vllms_model_serves_anyway():
+    """Where the plugin hands the model back for another reason, its own states do not run
+    and the mode is vLLM's to pick ('all' on 0.26, whose token budgets 'align' refuses)."""
+    config = vllm_config(enable_prefix_caching=True, deferred_state_writes=4, mamba_head_dim=160)
+    align_for_plugin_states(config)
+    assert config.cache_config.mamba_cache_mode == "none"
+    assert hand_back_reason(config).startswith("mamba_head_dim=160")

@@ -129,6 +129,8 @@ def align_for_plugin_states(vllm_config: VllmConfig) -> None:
         return
     if mamba_cache_mode(vllm_config) != "none":  # asked for: 'all' is handed back, named
         return
+    if _plugin_cannot_run(vllm_config):  # vLLM's model serves it anyway: its mode stands
+        return
     set_mamba_cache_mode(vllm_config, "align")
     plugin_logger().info(
         "vllm-nemotron-h: prefix caching with additional_config['nemotron_h'] %s: Mamba cache "
