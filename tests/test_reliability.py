@@ -130,10 +130,21 @@ def together(url: str, model: str, reqs: list[dict], disconnect_after=None) -> l
     return run_async(_together, url, model, reqs, disconnect_after or [0] * len(reqs))
 
 
-# Two candidates whose logprobs lie closer than this (nats) may swap between batch
-# compositions: vLLM's CPU GEMMs round a row differently with other rows beside it. A wrong
-# state parts a sequence where the chosen token leads by far more.
-NEAR_TIE = 1e-4
+def near_tie_bound() -> float:
+    """Nats within which two candidates' logprobs may swap between batch compositions: vLLM's
+    CPU GEMMs round a row differently with other rows beside it. On a CUDA GPU, Triton's fp32
+    dots (vLLM's prefill scan's among them) round their inputs to TF32 unless
+    TRITON_F32_DEFAULT says "ieee", and a preempted sequence's generated tokens are then
+    recomputed by that prefill where its run alone decoded them: vLLM's own model parts from
+    itself alone there at leads above the CPU's bound. A wrong state parts a sequence where
+    the chosen token leads by far more (tenths of a nat on the tiny model)."""
+    import torch
+
+    tf32 = torch.cuda.is_available() and os.environ.get("TRITON_F32_DEFAULT", "tf32") != "ieee"
+    return 1e-3 if tf32 else 1e-4
+
+
+NEAR_TIE = near_tie_bound()
 
 
 def first_difference(busy: list[int], alone: list[int]) -> int | None:

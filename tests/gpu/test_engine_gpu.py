@@ -439,15 +439,15 @@ def test_ngram_speculation_on_the_plugin(tmp_path, ssm_state):
 
 def test_prefix_caching_mode_all_goes_to_vllm_and_align_runs_the_plugin():
     """On the shipped model with prefix caching: vLLM 0.26's default Mamba cache mode for
-    Nemotron-H, 'all', goes to vLLM's model, which serves it with a bf16 state and 256 tokens
+    Nemotron-H, 'all', goes to vLLM's model, which serves it with bf16 weights and 256 tokens
     a step, a budget 'align' refuses there (a block then holds one Mamba state in attention
-    pages: 448 tokens); 'align', asked for, runs the plugin (fp32 state: blocks of 256
-    tokens), where a prompt extending a cached one, and the cached prompt again, decode as
-    runs without prefix caching do (prompts prefilled in chunks that end at the cached block
-    boundary)."""
+    pages: 448 tokens; 'all' rounds that up to the scan's chunks, 512 tokens, so the prompts
+    fill a block); 'align', asked for, runs the plugin (fp32: blocks of 256 tokens), where a
+    prompt extending a cached one, and the cached prompt again, decode as runs without
+    prefix caching do (prompts prefilled in chunks that end at the cached block boundary)."""
     model = ROOT / "models" / "nemotron-h-pycode"
     stream = heldout_stream(model)
-    base, longer = stream[:300], stream[:337]
+    base, longer = stream[:600], stream[:680]
     engine = dict(ENGINE, max_model_len=1024, block_size=64, max_num_batched_tokens=256)
     spec = dict(model=str(model), max_tokens=32, prompts=[base], jobs=[[longer], [base]])
     cached = dict(engine, enable_prefix_caching=True)
