@@ -114,22 +114,15 @@ def test_replayssm_runs_as_the_plugins_deferred_writes(tiny_checkpoint):
 def test_speculation_turns_deferred_writes_off_with_a_log_line():
     """Speculative decoding keeps a state per draft token: there the state is written every
     token, and the engine log says why; prefix caching keeps the rings."""
-    from types import SimpleNamespace
-
+    from tests.config_fakes import fake_vllm_config
     from vllm_nemotron_h.model_executor.hybrid_model import writes_description
     from vllm_nemotron_h.model_executor.validation import state_layout
     from vllm_nemotron_h.testing.checkpoints import TINY_PRESETS, TINY_VOCAB_SIZE, make_config
 
-    options = {"nemotron_h": {"deferred_state_writes": RING}}
-    config = SimpleNamespace(
-        additional_config=options,
-        model_config=SimpleNamespace(
-            hf_config=make_config(TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
-        ),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
-        cache_config=SimpleNamespace(mamba_cache_mode="align"),
-        num_speculative_tokens=None,
-        speculative_config=None,
+    config = fake_vllm_config(
+        make_config(TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32"),
+        additional_config={"nemotron_h": {"deferred_state_writes": RING}},
+        mamba_cache_mode="align",
     )
     assert state_layout(config).ring_size == RING
     assert writes_description(config).startswith(f"state writes deferred, every {RING} tokens")

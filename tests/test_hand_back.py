@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.config_fakes import fake_vllm_config
 from vllm_nemotron_h.model_executor.validation import (
     UnsupportedConfigError,
     align_for_plugin_states,
@@ -38,21 +39,18 @@ def vllm_config(
     hf = make_config(preset or TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
     for field, value in hf_changes.items():
         setattr(hf, field, value)
-    return SimpleNamespace(
-        model_config=SimpleNamespace(hf_config=hf),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
-        cache_config=SimpleNamespace(
-            mamba_cache_mode=mamba_cache_mode,
-            enable_prefix_caching=enable_prefix_caching,
-            use_replayssm=use_replayssm,
-            replayssm_buffer_len=replayssm_buffer_len,
-        ),
-        num_speculative_tokens=spec_tokens,
-        speculative_config=SimpleNamespace(method=spec_method) if spec_tokens else None,
+    return fake_vllm_config(
+        hf,
+        spec_tokens=spec_tokens,
+        spec_method=spec_method if spec_tokens else None,
         additional_config={
             "nemotron_h": {"ssm_state": ssm_state}
             | ({"deferred_state_writes": deferred_state_writes} if deferred_state_writes else {})
         },
+        mamba_cache_mode=mamba_cache_mode,
+        enable_prefix_caching=enable_prefix_caching,
+        use_replayssm=use_replayssm,
+        replayssm_buffer_len=replayssm_buffer_len,
     )
 
 

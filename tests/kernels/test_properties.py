@@ -17,6 +17,7 @@ from helpers import GPU, TOL, assert_int8_state_close, decode_records, rel_err, 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.config_fakes import fake_vllm_config
 from vllm_nemotron_h.model_executor.validation import (
     SPECULATIVE_METHODS,
     UnsupportedConfigError,
@@ -591,13 +592,12 @@ def test_model_config_property(seed, fields, broken):
     it), or the plugin accepts it and the mixer's kernels then run at its per-rank shapes."""
     torch.manual_seed(seed)  # hypothesis draws the values through this seed
     c = SimpleNamespace(**{**fields, **CONFIG_BROKEN[broken]})
-    vllm_config = SimpleNamespace(
-        model_config=SimpleNamespace(hf_config=c),  # the extra fields are not read from there
-        parallel_config=SimpleNamespace(tensor_parallel_size=c.tensor_parallel_size),
-        cache_config=SimpleNamespace(mamba_cache_mode=c.mamba_cache_mode),
-        num_speculative_tokens=c.num_speculative_tokens,
-        speculative_config=SimpleNamespace(method=c.speculative_method),
-        additional_config={},
+    vllm_config = fake_vllm_config(
+        c,  # the extra fields are not read from there
+        tensor_parallel_size=c.tensor_parallel_size,
+        spec_tokens=c.num_speculative_tokens,
+        spec_method=c.speculative_method,
+        mamba_cache_mode=c.mamba_cache_mode,
     )
     heads, groups, tp = c.mamba_num_heads, c.n_groups, c.tensor_parallel_size
     mamba = "M" in c.hybrid_override_pattern
