@@ -58,7 +58,7 @@ def vllm_config(
     "changes, named",
     [
         (dict(spec_tokens=1, spec_method="eagle3"), "speculative_config.method='eagle3'"),
-        (dict(spec_tokens=2, spec_method="draft_model"), "speculative_config.method='draft_mo"),
+        (dict(spec_tokens=2, spec_method="medusa"), "speculative_config.method='medusa'"),
         (dict(use_replayssm=True), "use_replayssm=True"),
         (dict(mamba_hidden_act="gelu"), "mamba_hidden_act='gelu'"),
         (dict(mamba_head_dim=160), "mamba_head_dim=160"),

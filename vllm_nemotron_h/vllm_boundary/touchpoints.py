@@ -186,6 +186,21 @@ def _check_config_update() -> None:
     )
 
 
+def _check_draft_model_kv_group() -> None:
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    from vllm.v1.worker.block_table import BlockTable
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _params(GPUModelRunner.propose_draft_token_ids, "common_attn_metadata")
+    _assigns(DraftModelProposer, "kv_cache_gid")
+    _assigns(BlockTable, "slot_mapping")
+    _params(BlockTable.get_device_tensor, "num_reqs")
+    # the fields the proposer reads its block table and slot mapping from
+    _fields(CommonAttentionMetadata, "block_table_tensor", "slot_mapping")
+    _require(callable(getattr(CommonAttentionMetadata, "replace", None)), "no replace()")
+
+
 def _check_mamba_cache_mode_claim() -> None:
     from vllm.config import CacheConfig, ModelConfig, VllmConfig
     from vllm.model_executor.models import config as model_configs
@@ -693,6 +708,21 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "the plugin running 'all' (the mixer's per-block state writes), or vLLM versions "
         "without 'all' (0.32 has none)",
         _check_mamba_cache_mode_claim,
+    ),
+    Touchpoint(
+        "draft-model-kv-group",
+        "GPUModelRunner.propose_draft_token_ids (wrapped where the plugin serves a draft "
+        "model), DraftModelProposer.kv_cache_gid, the runner's per-group BlockTable "
+        "(get_device_tensor, slot_mapping), CommonAttentionMetadata.replace",
+        "the runner hands a draft-model proposer the first KV-cache group's metadata (only "
+        "EAGLE-like proposers get their own group's): for Nemotron-H that group's blocks are "
+        "Mamba state slots in the shared KV-cache storage, and the draft's keys and values "
+        "would overwrite the states. The wrapper hands it its own group's block table and "
+        "slot mapping",
+        BOTH,
+        "a vLLM whose runner picks the draft model's own KV-cache group "
+        "(_build_attention_metadata)",
+        _check_draft_model_kv_group,
     ),
     Touchpoint(
         "engine-log",
