@@ -73,6 +73,8 @@
 #               into LOG_DIR/prefill-scan-host-time-<gpu>.json
 #   prefix-caching-tests the engine tests with prefix caching alone (each Mamba cache mode
 #               where it runs; deferred writes' rings through cached blocks)
+#   model-drafts-tests the engine tests of drafts from a model (MTP layers, a draft model in
+#               its own KV-cache group) verified by the plugin with CUDA graphs
 #   serving-tests the server's reliability and serve tests on this GPU (tiny fp32 model through
 #               examples/serve.sh: concurrent load, disconnecting clients, preemption, bad
 #               requests, completions against offline), their rows in LOG_DIR/reliability/;
@@ -233,6 +235,8 @@ for s in "$@"; do
         tests/gpu/test_engine_gpu.py -k "fp32_eager or prefix_caching_mode_all" ;;
     prefix-caching-tests) step prefix-caching-tests python3 -m pytest -m gpu -s \
       -p no:cacheprovider tests/gpu/test_engine_gpu.py -k prefix_caching ;;
+    model-drafts-tests) step model-drafts-tests python3 -m pytest -m gpu -s \
+      -p no:cacheprovider tests/gpu/test_engine_gpu.py -k model_drafts ;;
     boundary-tests) boundary_tests ;;
     serving-tests)
       step serving-tests env VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability" python3 -m pytest -q \
