@@ -29,10 +29,10 @@ NEW = 32
 
 
 @pytest.fixture(scope="module")
-def draft_model(tmp_path_factory, tiny_checkpoint):
+def draft_model(tmp_path_factory):
     """vllm_nemotron_h.testing.checkpoints.write_echo_draft_model: drafts accepted and
     rejected."""
-    return str(write_echo_draft_model(tmp_path_factory.mktemp("draft"), tiny_checkpoint("dense")))
+    return str(write_echo_draft_model(tmp_path_factory.mktemp("draft")))
 
 
 def acceptance(metrics: dict) -> tuple[int, int]:

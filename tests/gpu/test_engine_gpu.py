@@ -487,7 +487,7 @@ def test_model_drafts_verified_by_the_plugin(tmp_path, method):
     ckpt = str(write_tiny_checkpoint(tmp_path / preset, preset))
     speculative = dict(method=method, num_speculative_tokens=2)
     if method == "draft_model":
-        speculative["model"] = str(write_echo_draft_model(tmp_path / "draft", ckpt))
+        speculative["model"] = str(write_echo_draft_model(tmp_path / "draft"))
     engine = dict(
         ENGINE,
         dtype="float32",

@@ -280,18 +280,16 @@ def write_tiny_checkpoint(
     return path
 
 
-def write_echo_draft_model(path: str | Path, target: str | Path, seed: int = 0) -> Path:
-    """Writes (once) a one-layer Llama draft model for ``target`` (a tiny checkpoint, whose
-    tokenizer it copies) that mostly proposes the token it is given: its layer adds nothing
-    to the residual and its LM head is its embedding. The tiny models often repeat a token,
-    so its drafts are accepted and rejected."""
-    import shutil
-
+def write_echo_draft_model(path: str | Path, seed: int = 0) -> Path:
+    """Writes (once) a one-layer Llama draft model for the tiny checkpoints (their vocabulary
+    and tokenizer) that mostly proposes the token it is given: its layer adds nothing to the
+    residual and its LM head is its embedding. The tiny models often repeat a token, so its
+    drafts are accepted and rejected."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path = Path(path)
-    if (path / "model.safetensors").exists():
+    if (path / "model.safetensors").exists() and (path / "tokenizer.json").exists():
         return path
     config = LlamaConfig(
         vocab_size=TINY_VOCAB_SIZE, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
@@ -304,9 +302,7 @@ def write_echo_draft_model(path: str | Path, target: str | Path, seed: int = 0) 
         llama.model.layers[0].self_attn.o_proj.weight.zero_()
         llama.model.layers[0].mlp.down_proj.weight.zero_()
     llama.save_pretrained(str(path))
-    for f in Path(target).iterdir():
-        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
-            shutil.copy(f, path / f.name)
+    _train_tokenizer(path)
     return path
 
 
