@@ -67,7 +67,8 @@ def speculative(
     position's states advanced in a block of their own, then scattered)."""
     case = LayerCase(Draw.seeded(0, "cpu"), shape, rows, state_dtype, torch.float32, 3, None)
     t = case.speculative(tokens, full=True)
-    layer, step = record_of(DecodeLayer, t, null_slot=0), record_of(SpeculativeStep, t)
+    layer = record_of(DecodeLayer, t, null_slot=0, norm_weight=None)
+    step = record_of(SpeculativeStep, t)
     step.out = torch.empty_like(step.z)
     live = LiveRows.of(step.state_slots, step.query_start, step.num_accepted, 0)
     if not carried:
@@ -81,7 +82,8 @@ def speculative(
 def one_token_tails(shape: MambaShape, rows: int, tokens: int):
     case = LayerCase(Draw.seeded(0, "cpu"), shape, rows, torch.float32, torch.float32, 3, None)
     t = case.decode()
-    layer, step = record_of(DecodeLayer, t, null_slot=0), record_of(DecodeStep, t)
+    layer = record_of(DecodeLayer, t, null_slot=0, norm_weight=None)
+    step = record_of(DecodeStep, t)
     step.out = torch.empty_like(step.z)
     params, slots = NativeDecodeParams.of(layer), step.state_slots.to(torch.int32)
 

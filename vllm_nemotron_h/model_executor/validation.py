@@ -18,7 +18,9 @@ from vllm_nemotron_h.ops.support import (
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
     additional_config,
+    mamba_backend,
     mamba_cache_mode,
+    on_cpu,
     prefix_caching_enabled,
     replayssm_buffer_len,
     replayssm_enabled,
@@ -26,6 +28,7 @@ from vllm_nemotron_h.vllm_boundary.config import (
     set_mamba_cache_mode,
     speculative_method,
     speculative_tokens,
+    stochastic_rounding_enabled,
     turn_off_replayssm,
 )
 from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
@@ -53,6 +56,13 @@ OPTIONS = {"ssm_state": SSM_STATE_FORMATS, "deferred_state_writes": DEFERRED_STA
 # those of a draft model (its proposer run on its own KV-cache group: vllm_boundary.draft_model).
 # EAGLE heads run with vLLM's model.
 SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "suffix", "mtp", "draft_model")
+
+
+def plugin_mamba_backends() -> tuple[str, ...]:
+    """The ``--mamba-backend`` values in whose place the plugin's state update runs: vLLM's
+    default, and on a CPU its CPU op (which the plugin's CPU decode runs too). FlashInfer's
+    (and its ``--mamba-ssu-algorithm``) is vLLM's model's to run."""
+    return ("triton", "cpu") if on_cpu() else ("triton",)
 
 
 class UnsupportedConfigError(ValueError):
@@ -248,6 +258,17 @@ def _plugin_cannot_run(vllm_config: VllmConfig) -> str | None:
         return (
             f"mamba_cache_mode={mamba_cache_mode(vllm_config)!r}, the plugin runs 'none' "
             "and 'align' (mamba_cache_mode='align' runs the plugin with prefix caching)"
+        )
+    backend, served = mamba_backend(vllm_config), plugin_mamba_backends()
+    if backend not in served:
+        return (
+            f"mamba_backend={backend!r}, the plugin's state update runs in place of "
+            f"{' and '.join(map(repr, served))} (the default: no --mamba-backend)"
+        )
+    if stochastic_rounding_enabled(vllm_config):
+        return (
+            "enable_mamba_cache_stochastic_rounding=True, the plugin's state update rounds to "
+            "nearest"
         )
     method = speculative_method(vllm_config)
     if speculative_tokens(vllm_config) and method not in SPECULATIVE_METHODS:

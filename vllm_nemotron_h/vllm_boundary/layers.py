@@ -26,7 +26,6 @@ from vllm.model_executor.model_loader.weight_utils import sharded_weight_loader
 from vllm.model_executor.models import nemotron_h as vllm_nemotron_h
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.model_executor.utils import set_weight_attrs
-from vllm.platforms import current_platform
 from vllm.utils.torch_utils import _encode_layer_name
 
 VllmNemotronHForCausalLM = vllm_nemotron_h.NemotronHForCausalLM
@@ -49,7 +48,6 @@ __all__ = [
     "mixer_op",
     "mixer_states",
     "mixers_of",
-    "on_cpu",
     "plugin_layers",
     "step_metadata",
     "tensor_parallel_size",
@@ -83,10 +81,6 @@ MIXER_ATTRIBUTES = (
 
 all_reduce = tensor_model_parallel_all_reduce
 tensor_parallel_size = get_tensor_model_parallel_world_size
-
-
-def on_cpu() -> bool:
-    return current_platform.is_cpu()
 
 
 @contextlib.contextmanager

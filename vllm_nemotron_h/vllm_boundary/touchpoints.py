@@ -402,6 +402,10 @@ def _check_options() -> None:
     _require(
         hasattr(VllmConfig, "num_speculative_tokens"), "VllmConfig.num_speculative_tokens gone"
     )
+    if "mamba_config" in {f.name for f in dataclasses.fields(VllmConfig)}:
+        from vllm.config.mamba import MambaConfig
+
+        _fields(MambaConfig, "backend", "enable_stochastic_rounding")
 
 
 def _check_cpu_moe_blocks() -> None:
@@ -676,8 +680,10 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "engine-options",
         "cache_config.mamba_cache_mode, enable_prefix_caching, use_replayssm and "
-        "replayssm_buffer_len (>= 0.27), num_speculative_tokens",
-        "options the plugin's decode path must know about at load",
+        "replayssm_buffer_len (>= 0.27), num_speculative_tokens, mamba_config.backend and "
+        "enable_stochastic_rounding (where VllmConfig has a mamba_config)",
+        "options the plugin's decode path must know about at load (a state-update backend "
+        "other than vLLM's default, or stochastic rounding, goes to vLLM's model)",
         BOTH,
         "never (public config)",
         _check_options,
