@@ -72,7 +72,7 @@ def speculative(
     step.out = torch.empty_like(step.z)
     live = LiveRows.of(step.state_slots, step.query_start, step.num_accepted, 0)
     if not carried:
-        live = dataclasses.replace(live, carry_slots=None, store_slots=None)
+        live = dataclasses.replace(live, carry_rows=None, carry_slots=None, store_slots=None)
     if native:
         params = NativeDecodeParams.of(layer)
         return lambda: mamba2_speculative_decode_native(layer, step, params, live)

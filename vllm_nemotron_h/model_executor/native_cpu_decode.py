@@ -112,9 +112,18 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
         state = layer.ssm_state
         _, nheads, head_dim, d_state = state.shape
         K, n = rows.tokens_by_position.shape
-        dt = step.dt[rows.tokens_by_position]  # (K, n, nheads)
-        z = None if step.z is None else step.z[rows.tokens_by_position].view(K, n, nheads, head_dim)
+        # Each token position's views of the step's block, made at once (unbind): the K
+        # native calls per layer then build only their arguments' record.
+        x, B, C = (
+            v.unflatten(0, (K, n)).unbind(0)
+            for v in split_xbc(conv.flatten(0, 1), nheads, head_dim, d_state)
+        )
+        dt = step.dt[rows.tokens_by_position][..., None].expand(K, n, nheads, head_dim).unbind(0)
+        z = (None,) * K
+        if step.z is not None:
+            z = step.z[rows.tokens_by_position].view(K, n, nheads, head_dim).unbind(0)
         y = torch.empty(K, n, nheads, head_dim, dtype=conv.dtype)
+        y_at = y.unbind(0)
 
         def update(
             t: int,
@@ -123,10 +132,9 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             null_slot: int,
             writes: torch.Tensor | None,
         ) -> None:
-            x, B, C = split_xbc(conv[t], nheads, head_dim, d_state)
             one_token = StateUpdateStep(
-                x, dt[t, :, :, None].expand(x.shape), params.A, B, C, params.D,
-                params.dt_bias, None if z is None else z[t], reads, null_slot, y[t],
+                x[t], dt[t], params.A, B[t], C[t], params.D, params.dt_bias, z[t], reads,
+                null_slot, y_at[t],
             )  # fmt: skip
             cpu_ops.state_update(states, one_token, write_slots=writes)
 
@@ -135,7 +143,7 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             # one it writes: each row's state is carried in its last token's slot (which
             # its last token writes anyway), each position's state stored straight to its
             # slot; padded positions read the null slot, which the op skips.
-            state.index_copy_(0, rows.carry_slots[0].long(), state[rows.sources])
+            state.index_copy_(0, rows.carry_rows, state.index_select(0, rows.sources))
             for t in range(K):
                 update(t, state, rows.carry_slots[t], layer.null_slot, rows.store_slots[t])
             return y

@@ -44,12 +44,14 @@ class LiveRows:
     valid_tokens: torch.Tensor
     stored_positions: torch.Tensor | None
     stored_slots: torch.Tensor
-    # for a recurrence that advances each row's state in the cache (the native one): per
-    # token position (K, n), int32, the slot each row's state is carried in (its last
-    # token's slot) and the slot the position's state is stored to, the null slot at padded
-    # positions in both; None where some token's slot is the null slot
-    carry_slots: torch.Tensor | None
-    store_slots: torch.Tensor | None
+    # for a recurrence that advances each row's state in the cache (the native one): the
+    # slot each row's state is carried in (its last token's slot; (n,) int64), and per token
+    # position (K of (n,), int32) the slot each row's state is carried in and the slot the
+    # position's state is stored to, the null slot at padded positions in both; None where
+    # some token's slot is the null slot
+    carry_rows: torch.Tensor | None
+    carry_slots: tuple[torch.Tensor, ...] | None
+    store_slots: tuple[torch.Tensor, ...] | None
     # conv_columns' results by conv width (the layers of a step share them)
     _columns: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(
         default_factory=dict, compare=False, repr=False
@@ -78,11 +80,12 @@ class LiveRows:
         stored_pm = valid_pm & (slots.T.flatten() != null_slot)
         valid_positions = None if bool(valid_pm.all()) else valid_pm.nonzero().flatten()
         stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
-        carry_slots = store_slots = None
+        carry_rows = carry_slots = store_slots = None
         if bool((stored_pm == valid_pm).all()):  # every token's slot a real one
             last = slots.gather(1, (lens - 1)[:, None])
+            carry_rows = last.flatten()
             carry_slots, store_slots = (
-                torch.where(valid, v, null_slot).T.to(torch.int32).contiguous()
+                torch.where(valid, v, null_slot).T.to(torch.int32).contiguous().unbind(0)
                 for v in (last, slots)
             )
         return cls(
@@ -90,7 +93,7 @@ class LiveRows:
             slots.gather(1, (accepted - 1)[:, None]).flatten(), by_position,
             torch.arange(len(rows), dtype=torch.int32), valid_positions,
             _picked(by_position.flatten(), valid_positions), stored_positions,
-            _picked(slots.T.flatten(), stored_positions), carry_slots, store_slots,
+            _picked(slots.T.flatten(), stored_positions), carry_rows, carry_slots, store_slots,
         )  # fmt: skip
 
     def conv_columns(self, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -146,7 +149,7 @@ def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Te
     conv_state, weight = layer.conv_state, layer.conv_weight
     dim, width = weight.shape
     slots = rows.slots[:, 0]
-    states = conv_state[slots]  # (n, dim, width - 1 + K - 1)
+    states = conv_state.index_select(0, slots)  # (n, dim, width - 1 + K - 1)
     taps, kept = rows.conv_columns(width)
     window = states.gather(2, taps.expand(-1, dim, -1))  # the accepted window
     xbc = step.xbc[rows.tokens]  # (n, K, dim)
@@ -161,8 +164,8 @@ def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Te
         arrived = xbc.float() - xbc.to(conv_state.dtype).float()
         conv = conv + (arrived * weight[:, width - 1].float()).transpose(1, 2)
     # after the step: the window but its first column, then the row's tokens
-    conv_state[slots] = (
-        stored[..., 1:] if kept is None else torch.where(kept, stored[..., 1:], states)
+    conv_state.index_copy_(
+        0, slots, stored[..., 1:] if kept is None else torch.where(kept, stored[..., 1:], states)
     )
     conv = torch.nn.functional.silu(conv.permute(2, 0, 1))
     return conv.to(step.xbc.dtype).contiguous()
