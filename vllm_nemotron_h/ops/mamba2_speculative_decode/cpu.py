@@ -67,12 +67,19 @@ class LiveRows:
     ) -> LiveRows | None:
         """The live rows of a step's slot table (rows, K), token starts (rows + 1) and
         accepted counts (rows,); None where every row is the null slot's."""
-        rows = (state_slots[:, 0] != null_slot).nonzero().flatten()
-        if not len(rows):
-            return None
-        slots, starts, accepted = state_slots[rows], query_start[rows], num_accepted[rows]
+        live = state_slots[:, 0] != null_slot
+        if bool(live.all()):  # the usual step on CPU (no padded rows): nothing to pick
+            n = state_slots.shape[0]
+            slots, starts, accepted = state_slots, query_start[:n], num_accepted[:n]
+            lens = query_start[1 : n + 1] - starts
+        else:
+            rows = live.nonzero().flatten()
+            if not len(rows):
+                return None
+            slots, starts, accepted = state_slots[rows], query_start[rows], num_accepted[rows]
+            lens = query_start[rows + 1] - starts
+            n = len(rows)
         positions = torch.arange(state_slots.shape[1])
-        lens = query_start[rows + 1] - starts
         valid = positions < lens[:, None]
         tokens = torch.where(valid, starts[:, None] + positions, starts[:, None])
         by_position = tokens.T.contiguous()
@@ -91,7 +98,7 @@ class LiveRows:
         return cls(
             slots, tokens, valid, (accepted - 1)[:, None, None],
             slots.gather(1, (accepted - 1)[:, None]).flatten(), by_position,
-            torch.arange(len(rows), dtype=torch.int32), valid_positions,
+            torch.arange(n, dtype=torch.int32), valid_positions,
             _picked(by_position.flatten(), valid_positions), stored_positions,
             _picked(slots.T.flatten(), stored_positions), carry_rows, carry_slots, store_slots,
         )  # fmt: skip
