@@ -84,7 +84,9 @@
 #               then again with Triton's fp32 dots in IEEE fp32 (TRITON_F32_DEFAULT=ieee; by
 #               default they round their inputs to TF32, vLLM's prefill scan among them):
 #               whether a recomputed sequence parts from its run alone by the prefill's TF32;
-#               then vLLM's own model through the per-step case (the control)
+#               then vLLM's own model through the per-step case (the control). PREEMPTION_F32
+#               names the precisions to run (default "tf32 ieee"), PREEMPTION_CONTROL=0 leaves
+#               the control out (the tests as CI would run them: PREEMPTION_F32=tf32)
 #   serve-load-8b `vllm serve` with the plugin against the built-in's server, 8B shape, fp32
 #               state, 128 concurrent streams: the project's client, then `vllm bench serve`
 #               on the same server ($ROUNDS servers of each, alternating; default 1, ~8 min
@@ -244,14 +246,15 @@ for s in "$@"; do
       serve_defaults ;;
     serve-defaults) serve_defaults ;;
     preemption-tests)
-      for f32 in tf32 ieee; do
+      for f32 in ${PREEMPTION_F32:-tf32 ieee}; do
         # a Triton cache of each precision's own: kernels compiled under the other not reused
         step "preemption-tests-$f32" env TRITON_F32_DEFAULT="$f32" TRITON_CACHE_DIR="/root/triton-$f32" \
           VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability-$f32" \
           python3 -m pytest -q -p no:cacheprovider tests/test_reliability.py -k preemption
       done
       # the control: vLLM's own model through the same case (its prefill recomputes too)
-      step preemption-tests-builtin env VLLM_NEMOTRON_H_DISABLE=1 TRITON_CACHE_DIR=/root/triton-tf32 \
+      [ "${PREEMPTION_CONTROL:-1}" = 0 ] || step preemption-tests-builtin env \
+        VLLM_NEMOTRON_H_DISABLE=1 TRITON_CACHE_DIR=/root/triton-tf32 \
         VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability-builtin" \
         python3 -m pytest -q -p no:cacheprovider tests/test_reliability.py -k "preemption and per-step" ;;
     serve-load-8b) step serve-load-8b python3 benchmarks/serve_load.py --model nemotron-h-8b \
