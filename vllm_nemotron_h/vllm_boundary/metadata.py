@@ -26,7 +26,6 @@ __all__ = [
     "Mamba2MetadataBuilder",
     "PromptRows",
     "accepted_counts_every_step",
-    "copies_across_groups",
     "decode_slots",
     "max_num_seqs",
     "prompt_rows_as_decodes",
@@ -64,13 +63,13 @@ class Mamba2MetadataBuilder(Mamba2AttentionMetadataBuilder):
     ``accepted_counts_every_step``).
 
     Under speculative decoding vLLM's Mamba builder turns ``update_block_table`` off, so
-    every Mamba cache group builds its metadata anew in every step (on CPU ~100 us of host
-    time a group, and Nemotron-H has a group per few Mamba layers). Outside Mamba cache mode
-    'all', whose decode block indices are each builder's own state, the group's block table
-    decides only the slots, which ``update_block_table`` takes from it (1 + K of them a row
-    under speculation); the token starts and accepted counts are the step's. So the builder
-    keeps it on there (``copies_across_groups``): vLLM builds the first group's metadata and
-    copies it for the others."""
+    every Mamba cache group's metadata is built anew on the host in every step (Nemotron-H
+    has a group per few Mamba layers). Outside Mamba cache mode 'all', whose decode block
+    indices are each builder's own state, the group's block table decides only the slots,
+    which ``update_block_table`` takes from it (1 + K of them a row under speculation); the
+    token starts and accepted counts are the step's. So the builder keeps it on there
+    (``copies_across_groups``): vLLM builds the first group's metadata and copies it for the
+    others."""
 
     def __init__(
         self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device

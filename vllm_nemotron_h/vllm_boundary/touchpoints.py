@@ -662,8 +662,8 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "table, 1 + K a row), GPUModelRunner._build_attention_metadata (copies a group's "
         "metadata for later groups of the same spec and builder where the builder allows)",
         "under speculative decoding vLLM builds every Mamba cache group's metadata anew in "
-        "every step (~100 us of host time a group on CPU); outside mode 'all' the groups' "
-        "metadata differ only in their slots, so the plugin's builder allows the copies",
+        "every step, host time for each group; outside mode 'all' the groups' metadata "
+        "differ only in their slots, so the plugin's builder allows the copies",
         BOTH,
         "vLLM copying the Mamba groups' metadata under speculative decoding itself",
         _check_speculative_group_copies,
