@@ -75,6 +75,8 @@
 #               where it runs; deferred writes' rings through cached blocks)
 #   model-drafts-tests the engine tests of drafts from a model (MTP layers, a draft model in
 #               its own KV-cache group) verified by the plugin with CUDA graphs
+#   ngram-tests the engine tests of ngram drafts verified by the plugin with CUDA graphs (fp32
+#               and int8 state; vLLM's model reported beside)
 #   serving-tests the server's reliability and serve tests on this GPU (tiny fp32 model through
 #               examples/serve.sh: concurrent load, disconnecting clients, preemption, bad
 #               requests, completions against offline), their rows in LOG_DIR/reliability/;
@@ -239,6 +241,8 @@ for s in "$@"; do
       -p no:cacheprovider tests/gpu/test_engine_gpu.py -k prefix_caching ;;
     model-drafts-tests) step model-drafts-tests python3 -m pytest -m gpu -s \
       -p no:cacheprovider tests/gpu/test_engine_gpu.py -k model_drafts ;;
+    ngram-tests) step ngram-tests python3 -m pytest -m gpu -s \
+      -p no:cacheprovider tests/gpu/test_engine_gpu.py -k ngram ;;
     boundary-tests) boundary_tests ;;
     serving-tests)
       step serving-tests env VLLM_NEMOTRON_H_REPORT_DIR="$out/reliability" python3 -m pytest -q \
