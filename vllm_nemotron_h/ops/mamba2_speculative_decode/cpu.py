@@ -202,23 +202,25 @@ def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Te
     states = conv_state.index_select(0, slots)  # (n, dim, width - 1 + K - 1)
     taps, kept = rows.conv_columns(width)
     window = states.gather(2, taps.expand(-1, dim, -1))  # the accepted window
-    xbc = step.xbc[rows.tokens]  # (n, K, dim)
-    # each token after its history as the state stores it: the window, then the tokens
-    stored = torch.cat([window, xbc.transpose(1, 2).to(conv_state.dtype)], dim=2)
-    # (n, dim, K, width) @ (dim, width, 1): a batched matmul, the cheapest form on CPU
-    taps_of_tokens = stored.float().unfold(2, width, 1)
-    conv = (taps_of_tokens @ weight.float()[:, :, None]).squeeze(-1)  # (n, dim, K)
-    if layer.conv_bias is not None:
-        conv = conv + layer.conv_bias.float()[:, None]
+    xbc = step.xbc[rows.tokens_by_position]  # (K, n, dim)
+    K = xbc.shape[0]
+    # Each token after its history as the state stores it, position-major (width - 1 + K,
+    # n, dim): the window, then the tokens. A tap's inputs for every token at once are then
+    # one contiguous block, and the conv one fp32 multiply-add per tap.
+    stored = torch.cat([window.permute(2, 0, 1), xbc.to(conv_state.dtype)])
+    columns = weight.float().T  # (width, dim)
+    if layer.conv_bias is None:
+        conv = stored[:K] * columns[0]
+    else:
+        conv = torch.addcmul(layer.conv_bias.float(), stored[:K], columns[0])
+    for tap in range(1, width):
+        conv.addcmul_(stored[tap : tap + K], columns[tap])
     if conv_state.dtype != xbc.dtype:  # the token itself as it arrives, not as stored
-        arrived = xbc.float() - xbc.to(conv_state.dtype).float()
-        conv = conv + (arrived * weight[:, width - 1].float()).transpose(1, 2)
+        conv.addcmul_(xbc.float() - xbc.to(conv_state.dtype).float(), columns[width - 1])
     # after the step: the window but its first column, then the row's tokens
-    conv_state.index_copy_(
-        0, slots, stored[..., 1:] if kept is None else torch.where(kept, stored[..., 1:], states)
-    )
-    conv = torch.nn.functional.silu(conv.permute(2, 0, 1))
-    return conv.to(step.xbc.dtype).contiguous()
+    rolled = stored[1:].permute(1, 2, 0)
+    conv_state.index_copy_(0, slots, rolled if kept is None else torch.where(kept, rolled, states))
+    return torch.nn.functional.silu(conv).to(step.xbc.dtype)
 
 
 def state_recurrence(
