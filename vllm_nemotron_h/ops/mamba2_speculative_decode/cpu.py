@@ -33,13 +33,13 @@ class LiveRows:
     contiguous block."""
 
     slots: torch.Tensor  # (n, K) their slots
-    tokens: torch.Tensor  # (n, K) their tokens' indices; padded positions: the row's first
     valid: torch.Tensor  # (n, K) which positions are tokens of the row
     window_start: torch.Tensor  # (n, 1, 1) each row's accepted window's first conv column
     last_token: torch.Tensor  # (n, 1) each row's last token's position
     every_row_live: bool  # no row of the slot table was left out
     sources: torch.Tensor  # (n,) the slot each row's state is read from
-    tokens_by_position: torch.Tensor  # (K, n) tokens.T, contiguous
+    # (K, n) their tokens' indices, position-major; padded positions: the row's first
+    tokens_by_position: torch.Tensor
     row_index: torch.Tensor  # (n,) int32 0..n-1: each row's place in a position's block
     # the valid positions in the flattened (K * n) block (None: every position) and their
     # tokens; the stored positions (a token, a slot not the null slot; None: every position)
@@ -103,7 +103,6 @@ class LiveRows:
         valid_positions = None if bool(valid_pm.all()) else valid_pm.nonzero().flatten()
         window_start, last_token = (accepted - 1)[:, None, None], (lens - 1)[:, None]
         return cls(
-            tokens=tokens,
             valid=valid,
             window_start=window_start,
             last_token=last_token,
