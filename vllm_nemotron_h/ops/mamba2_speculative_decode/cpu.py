@@ -34,6 +34,7 @@ class LiveRows:
 
     slots: torch.Tensor  # (n, K) their slots
     valid: torch.Tensor  # (n, K) which positions are tokens of the row
+    valid_by_position: torch.Tensor  # (K * n,) valid position-major, flattened
     window_start: torch.Tensor  # (n, 1, 1) each row's accepted window's first conv column
     last_token: torch.Tensor  # (n, 1) each row's last token's position
     every_row_live: bool  # no row of the slot table was left out
@@ -80,7 +81,7 @@ class LiveRows:
         if every_row_live and like is not None and like.every_row_live:
             if like.slots.shape == state_slots.shape:
                 slot_fields = _slot_fields(
-                    state_slots, like.valid, like.valid.T.flatten(), like.window_start,
+                    state_slots, like.valid, like.valid_by_position, like.window_start,
                     like.last_token, null_slot,
                 )  # fmt: skip
                 return replace(like, **slot_fields)
@@ -104,6 +105,7 @@ class LiveRows:
         window_start, last_token = (accepted - 1)[:, None, None], (lens - 1)[:, None]
         return cls(
             valid=valid,
+            valid_by_position=valid_pm,
             window_start=window_start,
             last_token=last_token,
             every_row_live=every_row_live,
@@ -206,7 +208,8 @@ def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Te
     # Each token after its history as the state stores it, position-major (width - 1 + K,
     # n, dim): the window, then the tokens. A tap's inputs for every token at once are then
     # one contiguous block, and the conv one fp32 multiply-add per tap.
-    stored = torch.cat([window.permute(2, 0, 1), xbc.to(conv_state.dtype)])
+    as_stored = xbc.to(conv_state.dtype)
+    stored = torch.cat([window.permute(2, 0, 1), as_stored])
     columns = weight.float().T  # (width, dim)
     if layer.conv_bias is None:
         conv = stored[:K] * columns[0]
@@ -215,7 +218,7 @@ def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Te
     for tap in range(1, width):
         conv.addcmul_(stored[tap : tap + K], columns[tap])
     if conv_state.dtype != xbc.dtype:  # the token itself as it arrives, not as stored
-        conv.addcmul_(xbc.float() - xbc.to(conv_state.dtype).float(), columns[width - 1])
+        conv.addcmul_(xbc.float() - as_stored.float(), columns[width - 1])
     # after the step: the window but its first column, then the row's tokens
     rolled = stored[1:].permute(1, 2, 0)
     conv_state.index_copy_(0, slots, rolled if kept is None else torch.where(kept, rolled, states))
