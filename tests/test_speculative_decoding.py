@@ -138,3 +138,30 @@ def test_engine_log_names_how_the_cpu_path_carries_states(
     carried = "each row's state carried through its slots" in line
     in_blocks = "each position's states in a block of their own" in line
     assert (carried, in_blocks) == (op_writes_read_slots, not op_writes_read_slots), line
+
+
+def test_mamba_cache_groups_of_one_engine_and_spec_share_the_steps_rows():
+    """The builders among which vLLM copies metadata (one engine, one cache spec) share the
+    token-start and accepted-count buffers, so that a copy need fill only its slots; another
+    spec or engine has its own, and an engine's go with it."""
+    import gc
+
+    from vllm_nemotron_h.model_executor.state_slots import _STEP_ROWS, shared_step_rows
+
+    class Engine:  # stands in for an engine's vllm_config (held weakly)
+        pass
+
+    engine, other_engine = Engine(), Engine()
+    spec, other_spec = ("mamba", (4, 16, 16)), ("mamba", (4, 16, 8))
+    first = shared_step_rows(engine, spec, 8, "cpu")
+    assert first[0].tolist() == list(range(9)) and first[1].tolist() == [1] * 8
+    again = shared_step_rows(engine, spec, 8, "cpu")
+    assert all(a is b for a, b in zip(first, again))
+    for others in (shared_step_rows(engine, other_spec, 8, "cpu"),
+                   shared_step_rows(other_engine, spec, 8, "cpu")):  # fmt: skip
+        assert not any(a is b for a, b in zip(first, others))
+    key = (id(engine), spec, "cpu")
+    del engine
+    gc.collect()
+    shared_step_rows(other_engine, spec, 8, "cpu")
+    assert key not in _STEP_ROWS

@@ -27,12 +27,15 @@ losing the tokens accepted at the row's previous step) the builder counts them: 
 scheduler advances a sequence by the tokens the sampler accepted, so the count is the
 sequence's tokens computed before this step less those before its previous one, which the
 builder keeps per slot (prefix caching off: a sequence keeps its slot); where vLLM gives the
-counts in every step (vLLM 0.32) it does not count. Both in one launch per group and step
+counts in every step (vLLM 0.32) it does not count. Both in one launch per step
 (ops/speculative_rows). vLLM copies the step's first Mamba cache group's metadata for the
 other groups under speculative decoding too (the boundary's builder keeps
 ``update_block_table`` on, which vLLM's turns off there) and ``complete`` runs on each copy:
 what does not depend on a group's slots is made once per step and carried (step_fields: the
-prompt rows' kept counts, the CPU path's token layout).
+prompt rows' kept counts, the CPU path's token layout). The token starts and accepted counts
+are such: the builders among which vLLM copies (one engine, one cache spec) share their
+buffers, which every builder's metadata points at, the CUDA graphs captured from each
+group's own build too; a copy then only copies its slot table into its own buffer.
 
 With deferred writes the builder also keeps the rings empty wherever a decode step runs a
 per-step launch (the small batch sizes the device table fuses, and those at which its rows say
@@ -43,6 +46,7 @@ state, outside any CUDA graph.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +104,9 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     step_live_rows: LiveRows | None = field(default=None, init=False)
     # under speculative decoding, once per step: the builder's native_one_token_step
     one_token_step: bool | None = field(default=None, init=False)
+    # under speculative decoding, once per step: whether the builders' shared buffers hold
+    # the step's token starts and accepted counts (the copies need only their slots)
+    step_rows_filled: bool = field(default=False, init=False)
     decode_plan: DecodePlan | None = field(default=None, init=False)
     # decode rows made of prompt tokens (vllm_boundary.metadata)
     prompt_rows_d: PromptRows | None = field(default=None, init=False)
@@ -127,6 +134,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         "prompt_tokens_counted",
         "step_live_rows",
         "one_token_step",
+        "step_rows_filled",
     )
 
     def __init__(
@@ -141,9 +149,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         )
         if self.draft_tokens:
             self.row_buffers = RowBuffers(
-                self.state_slots,
-                torch.arange(max_rows + 1, device=device),
-                torch.ones(max_rows, dtype=torch.int64, device=device),
+                self.state_slots, *shared_step_rows(vllm_config, kv_cache_spec, max_rows, device)
             )
             # a step without decode rows: no slots
             self.no_rows = torch.empty((0, per_row[0]), dtype=torch.int32, device=device)
@@ -196,8 +202,14 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             metadata.query_start_d = metadata.query_start_loc_d
             metadata.num_accepted_d = metadata.num_accepted_tokens
             return metadata
-        if self.draft_tokens and (metadata.num_decodes > 0 or self.counts_accepted):
+        if metadata.step_rows_filled:  # a copy: the step's rows are in place, its slots not
+            if metadata.num_decodes > 0:
+                table = metadata.state_indices_tensor_d
+                self.state_slots[: table.shape[0]].copy_(table)
+                self.point_at_step_rows(metadata, table.shape[0])
+        elif self.draft_tokens and (metadata.num_decodes > 0 or self.counts_accepted):
             self.speculative_rows(metadata)  # counting records prefill rows too
+            metadata.step_rows_filled = True
         if metadata.num_decodes > 0:
             rows = metadata.state_indices_tensor_d.shape[0]  # padded as the graph replayed
             on_cpu = self.state_slots.device.type == "cpu"
@@ -271,8 +283,11 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         kept = metadata.prompt_tokens_kept_d
         if kept is not None:
             num_accepted[:rows] = torch.where(kept > 0, kept, num_accepted[:rows])
+        self.point_at_step_rows(metadata, rows)
+
+    def point_at_step_rows(self, metadata: StateSlotsMetadata, rows: int) -> None:
         metadata.query_start_d = self.row_buffers.query_start[: rows + 1]
-        metadata.num_accepted_d = num_accepted[:rows]
+        metadata.num_accepted_d = self.row_buffers.num_accepted[:rows]
 
     def prompt_tokens_kept(self, metadata: StateSlotsMetadata) -> torch.Tensor | None:
         """A row of prompt tokens alone that ran as a decode keeps all of its tokens, where
@@ -332,6 +347,30 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         for mixer in mixers_of(self.vllm_config, self.layer_names):
             for state in mixer_states(mixer):
                 state.index_fill_(0, slots, 0)
+
+
+# shared_step_rows' buffers by engine (its vllm_config, weakly), cache spec and device
+_STEP_ROWS: dict[tuple[int, Any, str], tuple[weakref.ref, torch.Tensor, torch.Tensor]] = {}
+
+
+def shared_step_rows(
+    vllm_config: Any, kv_cache_spec: Any, max_rows: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int64 token-start (max_rows + 1,) and accepted-count (max_rows,) buffers of the
+    speculative steps of the Mamba cache groups among which vLLM copies metadata (the same
+    engine and cache spec: vLLM's key for the copies), made by the first of their builders.
+    The engine's vllm_config is held weakly: an entry of an engine gone is dropped."""
+    for key in [k for k, (config, *_) in _STEP_ROWS.items() if config() is None]:
+        del _STEP_ROWS[key]
+    key = (id(vllm_config), kv_cache_spec, str(torch.device(device)))
+    if key not in _STEP_ROWS:
+        _STEP_ROWS[key] = (
+            weakref.ref(vllm_config),
+            torch.arange(max_rows + 1, device=device),
+            torch.ones(max_rows, dtype=torch.int64, device=device),
+        )
+    _, query_start, num_accepted = _STEP_ROWS[key]
+    return query_start, num_accepted
 
 
 def one_token_rows(query_start: torch.Tensor, num_accepted: torch.Tensor) -> bool:
