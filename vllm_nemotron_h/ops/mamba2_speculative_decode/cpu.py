@@ -36,11 +36,21 @@ class LiveRows:
     valid: torch.Tensor  # (n, K) which positions are tokens of the row
     valid_by_position: torch.Tensor  # (K * n,) valid position-major, flattened
     window_start: torch.Tensor  # (n, 1, 1) each row's accepted window's first conv column
+    # that column where it is the same for every row (a slice of the conv state then reads
+    # the windows), else None
+    common_window_start: int | None
     last_token: torch.Tensor  # (n, 1) each row's last token's position
     every_row_live: bool  # no row of the slot table was left out
+    # every row accepted as many tokens at its previous step as it has now (the usual MTP
+    # step): its state is read from the slot its last token writes (sources == carry_rows)
+    reads_last_token_slot: bool
     sources: torch.Tensor  # (n,) the slot each row's state is read from
     # (K, n) their tokens' indices, position-major; padded positions: the row's first
     tokens_by_position: torch.Tensor
+    # the step's first token where its rows are one block of K tokens each in row order
+    # (every row live, none shorter: the usual MTP step), else None; a position-major view
+    # of the block then stands in for indexing with tokens_by_position (by_position)
+    token_block: int | None
     row_index: torch.Tensor  # (n,) int32 0..n-1: each row's place in a position's block
     # the valid positions in the flattened (K * n) block (None: every position) and their
     # tokens; the stored positions (a token, a slot not the null slot; None: every position)
@@ -109,12 +119,36 @@ class LiveRows:
             window_start=window_start,
             last_token=last_token,
             every_row_live=every_row_live,
+            common_window_start=(
+                int(accepted[0]) - 1 if bool((accepted == accepted[0]).all()) else None
+            ),
+            reads_last_token_slot=bool((accepted == lens).all()),
             tokens_by_position=by_position,
+            token_block=int(starts[0]) if every_row_live and valid_positions is None else None,
             row_index=torch.arange(n, dtype=torch.int32),
             valid_positions=valid_positions,
             valid_tokens=_picked(by_position.flatten(), valid_positions),
             **_slot_fields(slots, valid, valid_pm, window_start, last_token, null_slot),
         )
+
+    def by_position(self, values: torch.Tensor) -> torch.Tensor:
+        """The rows' tokens' ``values`` (a row per token of the step), position-major (K, n,
+        ...): a view where the rows are one block, a gather otherwise."""
+        if self.token_block is None:
+            return values[self.tokens_by_position]
+        K, n = self.tokens_by_position.shape
+        block = values[self.token_block : self.token_block + n * K]
+        return block.view(n, K, *values.shape[1:]).transpose(0, 1)
+
+    def store(self, out: torch.Tensor, values: torch.Tensor) -> None:
+        """Writes each valid position's ``values`` ((K * n, ...) position-major, the valid
+        ones alone where some row is shorter) to its token's row of ``out``."""
+        if self.token_block is None:
+            out.index_copy_(0, self.valid_tokens, values)
+            return
+        K, n = self.tokens_by_position.shape
+        block = out[self.token_block : self.token_block + n * K].view(n, K, *out.shape[1:])
+        block.copy_(values.view(K, n, *values.shape[1:]).transpose(0, 1))
 
     def conv_columns(self, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """For a conv of ``width`` taps: the columns of each row's accepted window (n, 1,
@@ -180,13 +214,14 @@ def mamba2_speculative_decode_cpu(
     no checks. ``recurrence``: the state recurrence (default ``state_recurrence``);
     ``rows``: the step's LiveRows when made already."""
     out, query_start = step.out, step.query_start
-    out[int(query_start[0]) : int(query_start[-1])] = 0  # null rows' tokens stay zero
     if rows is None:
         rows = LiveRows.of(step.state_slots, query_start, step.num_accepted, layer.null_slot)
+    if rows is None or not rows.every_row_live:  # null rows' tokens stay zero
+        out[int(query_start[0]) : int(query_start[-1])] = 0
     if rows is not None:
         conv = _conv(layer, step, rows)
         y = (recurrence or state_recurrence)(layer, step, rows, conv).flatten(0, 1)
-        out[rows.valid_tokens] = _picked(y, rows.valid_positions).flatten(1).to(out.dtype)
+        rows.store(out, _picked(y, rows.valid_positions).flatten(1).to(out.dtype))
     if layer.norm_weight is not None:
         _, nheads, head_dim, d_state = layer.ssm_state.shape
         ngroups = ngroups_of(step.xbc.shape[1], nheads, head_dim, d_state)
@@ -202,8 +237,12 @@ def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Te
     slots = rows.slots[:, 0]
     states = conv_state.index_select(0, slots)  # (n, dim, width - 1 + K - 1)
     taps, kept = rows.conv_columns(width)
-    window = states.gather(2, taps.expand(-1, dim, -1))  # the accepted window
-    xbc = step.xbc[rows.tokens_by_position]  # (K, n, dim)
+    first = rows.common_window_start
+    if first is None:
+        window = states.gather(2, taps.expand(-1, dim, -1))  # the accepted window
+    else:
+        window = states[:, :, first : first + width - 1]
+    xbc = rows.by_position(step.xbc)  # (K, n, dim)
     K = xbc.shape[0]
     # Each token after its history as the state stores it, position-major (width - 1 + K,
     # n, dim): the window, then the tokens. A tap's inputs for every token at once are then
@@ -235,7 +274,7 @@ def state_recurrence(
     x, B, C = split_xbc(conv.flatten(0, 1), nheads, head_dim, d_state)
     heads_per_group = nheads // B.shape[1]
     x = x.float().unflatten(0, (K, n))
-    dt = torch.nn.functional.softplus(step.dt[rows.tokens_by_position].float() + layer.dt_bias)
+    dt = torch.nn.functional.softplus(rows.by_position(step.dt).float() + layer.dt_bias)
     decay = torch.exp(layer.A * dt)[..., None, None]  # (K, n, nheads, 1, 1)
     dt_x = (dt[..., None] * x)[..., None]  # (K, n, nheads, head_dim, 1)
     B, C = (v.float().repeat_interleave(heads_per_group, 1).unflatten(0, (K, n)) for v in (B, C))
@@ -262,5 +301,5 @@ def state_recurrence(
     y = y + layer.D[:, None] * x
     if step.z is None:
         return y
-    z = step.z[rows.tokens_by_position].float().view(y.shape)
+    z = rows.by_position(step.z).float().view(y.shape)
     return y * torch.nn.functional.silu(z)
