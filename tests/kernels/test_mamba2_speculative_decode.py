@@ -164,7 +164,7 @@ def assert_same_rows(a: LiveRows, b: LiveRows) -> None:
         x, y = getattr(a, f.name), getattr(b, f.name)
         if f.name == "_columns":
             continue
-        if isinstance(x, tuple):
+        if isinstance(x, tuple) and isinstance(x[0], torch.Tensor):
             assert len(x) == len(y) and all(map(torch.equal, x, y)), f.name
         elif isinstance(x, torch.Tensor):
             assert torch.equal(x, y), f.name

@@ -30,16 +30,16 @@ class LiveRows:
     CPU path indexes with, the same for every layer of a step (the metadata builder makes
     it once per step and Mamba cache group; the groups differ only in their slots). Per-token
     values run position-major, (K, n): a token position of all rows at once is then one
-    contiguous block."""
+    contiguous block. Made from the step's tables as Python lists: a step's few rows cost
+    a tensor op per field that way, where tensor arithmetic on them costs several."""
 
     slots: torch.Tensor  # (n, K) their slots
-    valid: torch.Tensor  # (n, K) which positions are tokens of the row
-    valid_by_position: torch.Tensor  # (K * n,) valid position-major, flattened
-    window_start: torch.Tensor  # (n, 1, 1) each row's accepted window's first conv column
-    # that column where it is the same for every row (a slice of the conv state then reads
-    # the windows), else None
+    # each row's tokens and the tokens it accepted at its previous step
+    lens: tuple[int, ...]
+    accepted: tuple[int, ...]
+    # the accepted window's first conv column where it is the same for every row (a slice
+    # of the conv state then reads the windows), else None
     common_window_start: int | None
-    last_token: torch.Tensor  # (n, 1) each row's last token's position
     every_row_live: bool  # no row of the slot table was left out
     # every row accepted as many tokens at its previous step as it has now (the usual MTP
     # step): its state is read from the slot its last token writes (sources == carry_rows)
@@ -86,49 +86,43 @@ class LiveRows:
         accepted counts (rows,); None where every row is the null slot's. ``like``: the same
         step's rows in another Mamba cache group (the same token starts and counts, other
         slots), whose token layout is taken as it is where both have every row live."""
-        live = state_slots[:, 0] != null_slot
-        every_row_live = bool(live.all())
+        table = state_slots.tolist()
+        live = [r for r, row in enumerate(table) if row[0] != null_slot]
+        every_row_live = len(live) == len(table)
         if every_row_live and like is not None and like.every_row_live:
             if like.slots.shape == state_slots.shape:
-                slot_fields = _slot_fields(
-                    state_slots, like.valid, like.valid_by_position, like.window_start,
-                    like.last_token, null_slot,
-                )  # fmt: skip
-                return replace(like, **slot_fields)
-        if every_row_live:  # the usual step on CPU (no padded rows): nothing to pick
-            n = state_slots.shape[0]
-            slots, starts, accepted = state_slots, query_start[:n], num_accepted[:n]
-            lens = query_start[1 : n + 1] - starts
-        else:
-            rows = live.nonzero().flatten()
-            if not len(rows):
-                return None
-            slots, starts, accepted = state_slots[rows], query_start[rows], num_accepted[rows]
-            lens = query_start[rows + 1] - starts
-            n = len(rows)
-        positions = torch.arange(state_slots.shape[1])
-        valid = positions < lens[:, None]
-        tokens = torch.where(valid, starts[:, None] + positions, starts[:, None])
-        by_position = tokens.T.contiguous()
-        valid_pm = valid.T.flatten()
-        valid_positions = None if bool(valid_pm.all()) else valid_pm.nonzero().flatten()
-        window_start, last_token = (accepted - 1)[:, None, None], (lens - 1)[:, None]
+                fields = _slot_fields(state_slots, table, like.lens, like.accepted, null_slot)
+                return replace(like, **fields)
+        if not live:
+            return None
+        starts_all, accepted_all = query_start.tolist(), num_accepted.tolist()
+        starts = [starts_all[r] for r in live]
+        lens = tuple(starts_all[r + 1] - starts_all[r] for r in live)
+        accepted = tuple(accepted_all[r] for r in live)
+        if not every_row_live:
+            table = [table[r] for r in live]
+            state_slots = state_slots[torch.tensor(live, device=state_slots.device)]
+        n, K = len(live), state_slots.shape[1]
+        tokens = [[s + k if k < m else s for s, m in zip(starts, lens)] for k in range(K)]
+        valid = [k < m for k in range(K) for m in lens]  # position-major, flattened
+        every_valid = all(valid)
+        valid_positions = None
+        valid_tokens = [t for row in tokens for t in row]
+        if not every_valid:
+            valid_positions = torch.tensor([p for p, v in enumerate(valid) if v])
+            valid_tokens = [t for t, v in zip(valid_tokens, valid) if v]
         return cls(
-            valid=valid,
-            valid_by_position=valid_pm,
-            window_start=window_start,
-            last_token=last_token,
+            lens=lens,
+            accepted=accepted,
             every_row_live=every_row_live,
-            common_window_start=(
-                int(accepted[0]) - 1 if bool((accepted == accepted[0]).all()) else None
-            ),
-            reads_last_token_slot=bool((accepted == lens).all()),
-            tokens_by_position=by_position,
-            token_block=int(starts[0]) if every_row_live and valid_positions is None else None,
+            common_window_start=accepted[0] - 1 if len(set(accepted)) == 1 else None,
+            reads_last_token_slot=accepted == lens,
+            tokens_by_position=torch.tensor(tokens),
+            token_block=starts[0] if every_row_live and every_valid else None,
             row_index=torch.arange(n, dtype=torch.int32),
             valid_positions=valid_positions,
-            valid_tokens=_picked(by_position.flatten(), valid_positions),
-            **_slot_fields(slots, valid, valid_pm, window_start, last_token, null_slot),
+            valid_tokens=torch.tensor(valid_tokens),
+            **_slot_fields(state_slots, table, lens, accepted, null_slot),
         )
 
     def by_position(self, values: torch.Tensor) -> torch.Tensor:
@@ -155,40 +149,50 @@ class LiveRows:
         width - 1), and which of the rolled state's columns take the step's values (n, 1,
         width - 2 + K; None: all of them)."""
         if width not in self._columns:
-            taps = self.window_start + torch.arange(width - 1)
+            n, K = self.slots.shape
+            taps = torch.tensor([[a - 1 + j for j in range(width - 1)] for a in self.accepted])
             kept = None
             if self.valid_positions is not None:  # some row has fewer than K tokens
-                shifted = torch.ones_like(self.valid[:, :1]).expand(-1, width - 2)
-                kept = torch.cat([shifted, self.valid], dim=1)[:, None, :]
-            self._columns[width] = taps, kept
+                shifted = [True] * (width - 2)
+                kept = torch.tensor([shifted + [k < m for k in range(K)] for m in self.lens])
+                kept = kept.view(n, 1, -1)
+            self._columns[width] = taps.view(n, 1, width - 1), kept
         return self._columns[width]
 
 
 def _slot_fields(
     slots: torch.Tensor,
-    valid: torch.Tensor,
-    valid_pm: torch.Tensor,
-    window_start: torch.Tensor,
-    last_token: torch.Tensor,
+    table: list[list[int]],
+    lens: tuple[int, ...],
+    accepted: tuple[int, ...],
     null_slot: int,
 ) -> dict[str, Any]:
-    """LiveRows' fields that depend on the rows' slots (n, K), given its token layout
-    (``valid_pm``: ``valid`` position-major, flattened)."""
-    stored_pm = valid_pm & (slots.T.flatten() != null_slot)
-    stored_positions = None if bool(stored_pm.all()) else stored_pm.nonzero().flatten()
+    """LiveRows' fields that depend on the rows' slots (n, K; ``table``: the same as lists),
+    given its token layout."""
+    n, K = slots.shape
+    per_position = [[(k < lens[i], table[i][k]) for i in range(n)] for k in range(K)]
+    stored = [
+        (p, slot)
+        for p, (valid, slot) in enumerate(cell for row in per_position for cell in row)
+        if valid and slot != null_slot
+    ]
+    every_stored = len(stored) == n * K
     carry_rows = carry_slots = store_slots = None
-    if bool((stored_pm == valid_pm).all()):  # every token's slot a real one
-        last = slots.gather(1, last_token)
-        carry_rows = last.flatten()
-        carry_slots, store_slots = (
-            torch.where(valid, v, null_slot).T.to(torch.int32).contiguous().unbind(0)
-            for v in (last, slots)
-        )
+    if len(stored) == sum(lens):  # every token's slot a real one
+        last = [row[length - 1] for row, length in zip(table, lens)]
+        carry_rows = torch.tensor(last)
+        by_position = torch.tensor(
+            [[last[i] if valid else null_slot for i, (valid, _) in enumerate(row)]
+             for row in per_position]
+            + [[slot if valid else null_slot for valid, slot in row] for row in per_position],
+            dtype=torch.int32,
+        )  # fmt: skip
+        carry_slots, store_slots = by_position[:K].unbind(0), by_position[K:].unbind(0)
     return dict(
         slots=slots,
-        sources=slots.gather(1, window_start.view(-1, 1)).flatten(),
-        stored_positions=stored_positions,
-        stored_slots=_picked(slots.T.flatten(), stored_positions),
+        sources=torch.tensor([row[a - 1] for row, a in zip(table, accepted)]),
+        stored_positions=None if every_stored else torch.tensor([p for p, _ in stored]),
+        stored_slots=torch.tensor([slot for _, slot in stored]),
         carry_rows=carry_rows,
         carry_slots=carry_slots,
         store_slots=store_slots,
