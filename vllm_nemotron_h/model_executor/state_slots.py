@@ -102,8 +102,10 @@ class StateSlotsMetadata(Mamba2AttentionMetadata):
     # the same as the step's first Mamba cache group made them: the copies of its metadata
     # for the other groups take their token layout (only the slots differ between groups)
     step_live_rows: LiveRows | None = field(default=None, init=False)
-    # under speculative decoding, once per step: the builder's native_one_token_step
+    # under speculative decoding, once per step: the builder's native_one_token_step, and
+    # on CPU one_token_rows of the builder's token starts and counts
     one_token_step: bool | None = field(default=None, init=False)
+    rows_of_one_token: bool | None = field(default=None, init=False)
     # under speculative decoding, once per step: whether the builders' shared buffers hold
     # the step's token starts and accepted counts (the copies need only their slots)
     step_rows_filled: bool = field(default=False, init=False)
@@ -134,6 +136,7 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         "prompt_tokens_counted",
         "step_live_rows",
         "one_token_step",
+        "rows_of_one_token",
         "step_rows_filled",
     )
 
@@ -215,8 +218,12 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             on_cpu = self.state_slots.device.type == "cpu"
             if not self.native_cpu_decode or self.draft_tokens:
                 metadata.state_slots_d = self.state_slots[:rows]
+            if self.draft_tokens and on_cpu and metadata.rows_of_one_token is None:
+                metadata.rows_of_one_token = one_token_rows(
+                    metadata.query_start_d, metadata.num_accepted_d
+                )
             if self.draft_tokens:
-                if on_cpu and one_token_rows(metadata.query_start_d, metadata.num_accepted_d):
+                if on_cpu and metadata.rows_of_one_token:
                     metadata.state_slots_d_int32 = metadata.state_slots_d[:, 0].to(torch.int32)
                 elif on_cpu:
                     metadata.live_rows_d = LiveRows.of(
