@@ -69,7 +69,7 @@ class LiveRows:
     store_slots: tuple[torch.Tensor, ...] | None
     # conv_columns' results by conv width (the layers of a step share them, and so do the
     # step's Mamba cache groups: they depend on the tokens alone)
-    _columns: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(
+    _columns: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -144,19 +144,24 @@ class LiveRows:
         block = out[self.token_block : self.token_block + n * K].view(n, K, *out.shape[1:])
         block.copy_(values.view(K, n, *values.shape[1:]).transpose(0, 1))
 
-    def conv_columns(self, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def conv_columns(self, width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """For a conv of ``width`` taps: the columns of each row's accepted window (n, 1,
-        width - 1), and which of the rolled state's columns take the step's values (n, 1,
-        width - 2 + K; None: all of them)."""
+        width - 1; None where it starts at ``common_window_start`` in every row), and which
+        of the rolled state's columns take the step's values (n, 1, width - 2 + K; None:
+        all of them)."""
         if width not in self._columns:
             n, K = self.slots.shape
-            taps = torch.tensor([[a - 1 + j for j in range(width - 1)] for a in self.accepted])
+            taps = None
+            if self.common_window_start is None:
+                taps = torch.tensor(
+                    [[a - 1 + j for j in range(width - 1)] for a in self.accepted]
+                ).view(n, 1, width - 1)
             kept = None
             if self.valid_positions is not None:  # some row has fewer than K tokens
                 shifted = [True] * (width - 2)
                 kept = torch.tensor([shifted + [k < m for k in range(K)] for m in self.lens])
                 kept = kept.view(n, 1, -1)
-            self._columns[width] = taps.view(n, 1, width - 1), kept
+            self._columns[width] = taps, kept
         return self._columns[width]
 
 
@@ -241,11 +246,11 @@ def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Te
     slots = rows.slots[:, 0]
     states = conv_state.index_select(0, slots)  # (n, dim, width - 1 + K - 1)
     taps, kept = rows.conv_columns(width)
-    first = rows.common_window_start
-    if first is None:
-        window = states.gather(2, taps.expand(-1, dim, -1))  # the accepted window
-    else:
+    if taps is None:  # every row's window starts at the same column
+        first = rows.common_window_start
         window = states[:, :, first : first + width - 1]
+    else:
+        window = states.gather(2, taps.expand(-1, dim, -1))  # the accepted window
     xbc = rows.by_position(step.xbc)  # (K, n, dim)
     K = xbc.shape[0]
     # Each token after its history as the state stores it, position-major (width - 1 + K,
