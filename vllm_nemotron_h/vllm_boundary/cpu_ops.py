@@ -54,7 +54,8 @@ def state_update(
     """One token of the selective state update with softplus(dt + dt_bias), in place, as
     vLLM's mixer calls it: the step's x, z, out (batch, nheads, head_dim); dt, D, dt_bias
     per (head, head_dim) row and A per (head, head_dim, d_state) element (expanded views); B,
-    C (batch, ngroups, d_state); int32 slots. Rows whose slot is the null slot are skipped
+    C (batch, ngroups, d_state); int32 slots, contiguous (the op reads a slot tensor's memory
+    as laid out, whatever its strides). Rows whose slot is the null slot are skipped
     (neither state nor out written). ``write_slots`` (int32): the new states go to these
     slots as well as to the ones read (the native op writes both; a null write slot only
     skips that copy)."""
