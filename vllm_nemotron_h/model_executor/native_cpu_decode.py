@@ -15,7 +15,7 @@ import torch
 
 from vllm_nemotron_h.model_executor.ssm_state_cache import INT8, StateLayout
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
-from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of, split_xbc
+from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     LiveRows,
@@ -44,6 +44,14 @@ class NativeDecodeParams:
     xbc_split: tuple[int, int, int]  # channels of x, B, C in a conv output row
     x_row: tuple[int, int]  # (nheads, head_dim)
     bc_row: tuple[int, int]  # (ngroups, d_state)
+
+    def split(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views x (rows, nheads, head_dim), B and C (rows, ngroups, d_state) of conv output
+        rows (rows, conv_dim)."""
+        rows = conv.shape[0]
+        x, B, C = conv.split(self.xbc_split, -1)
+        bc_rows = (rows, *self.bc_row)
+        return x.view(rows, *self.x_row), B.view(bc_rows), C.view(bc_rows)
 
     @classmethod
     def of(cls, layer: DecodeLayer) -> NativeDecodeParams:
@@ -88,14 +96,14 @@ def mamba2_decode_native(
         layer.null_slot,
     )  # fmt: skip
     batch = conv.shape[0]
-    x, B, C = conv.split(params.xbc_split, -1)
-    x_rows, bc_rows = (batch, *params.x_row), (batch, *params.bc_row)
+    x, B, C = params.split(conv)
+    x_rows = (batch, *params.x_row)
     y = step.out.view(x_rows)
     y.zero_()  # the native update leaves null rows unwritten
     z = step.z.view(x_rows) if step.z is not None else None
     native_step = StateUpdateStep(
-        x.view(x_rows), step.dt[:, :, None].expand(x_rows), params.A, B.view(bc_rows),
-        C.view(bc_rows), params.D, params.dt_bias, z, slots_int32, layer.null_slot, y,
+        x, step.dt[:, :, None].expand(x_rows), params.A, B, C, params.D, params.dt_bias, z,
+        slots_int32, layer.null_slot, y,
     )  # fmt: skip
     cpu_ops.state_update(layer.ssm_state, native_step)
     return step.out
@@ -150,7 +158,7 @@ def _advance_token_rows(
     K, n = rows.tokens_by_position.shape
     x_rows = (n * K, *params.x_row)
     # each row's tokens in order (a copy where there are several rows)
-    x, B, C = split_xbc(conv.transpose(0, 1).reshape(n * K, -1), *params.x_row, params.bc_row[1])
+    x, B, C = params.split(conv.transpose(0, 1).reshape(n * K, -1))
     z = rows.token_rows(step.z).view(x_rows) if step.z is not None else None
     tokens = StateUpdateStep(
         x, rows.token_rows(step.dt)[..., None].expand(x_rows), params.A, B, C, params.D,
@@ -190,10 +198,7 @@ def _position_updates(
     their arguments' record."""
     K, n = rows.tokens_by_position.shape
     per_position = (K, n, *params.x_row)
-    x, B, C = (
-        v.view(K, n, *v.shape[1:]).unbind(0)
-        for v in split_xbc(conv.flatten(0, 1), *params.x_row, params.bc_row[1])
-    )
+    x, B, C = (v.view(K, n, *v.shape[1:]).unbind(0) for v in params.split(conv.flatten(0, 1)))
     dt = rows.by_position(step.dt)[..., None].expand(per_position).unbind(0)
     z = (None,) * K
     if step.z is not None:
