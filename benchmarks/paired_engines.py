@@ -31,7 +31,10 @@ during each batch's first-token pairs and, apart, its whole-run pairs, without p
 keeps for each engine the functions its calls spent host time in (milliseconds per call,
 inclusive, and the functions whose time differs most between the engines): where the host
 time of one engine's steps goes that the other's does not spend, with no profiler's per-op
-cost.
+cost. ``--host-phases`` times each engine's first-token steps without the profiler
+(rank_step_times.py's timer: the runner's phases, each metadata builder's builds, the Mamba
+layers' ops, and the time outside the worker's calls): where one engine's first token spends
+host time that the other's does not.
 ``--clocks`` reads a GPU clock log written while this runs (gpu_host/job_lib.sh's, one sample a
 second) and keeps, per engine, the SM clock and power of the samples inside its turns: whether
 one engine's turns ran slowed, e.g. at the power limit (a turn shorter than a second holds a
@@ -76,6 +79,7 @@ from e2e import (
     results_doc,
     timed_generate,
 )
+from rank_step_times import SAMPLING, host_by_phase, start_timer, stop_timer
 from step_profile import host_summary, start_profiler, stop_profiler, summary
 
 # (first engine, second engine)
@@ -194,6 +198,7 @@ def child(
     engine_batches: list[int],
     py_spy: str | None = None,
     samples_dir: str | None = None,
+    host_phases: bool = False,
 ) -> dict:
     import torch
     from vllm import SamplingParams
@@ -260,10 +265,18 @@ def child(
         return dict(summary(kernels, 1e6 * wall_s), host_top=host_summary(host))
 
     def sampled_pairs(cell: dict, phase: str, count: int, prompts: list[dict], n: int) -> dict:
-        """``pairs``, sampled by py-spy where asked (into ``cell["host_samples"][phase]``)."""
+        """``pairs``, sampled by py-spy where asked (into ``cell["host_samples"][phase]``);
+        the first-token pairs' steps timed by phase where asked (``cell["host_phases"]``)."""
         raw = Path(samples_dir or ".") / f"host-samples-{model}-b{len(prompts)}-{phase}.txt"
+        timing = host_phases and phase == "first_token"
+        if timing:
+            for llm in engines.values():
+                llm.collective_rpc(start_timer)
         with host_samples(py_spy, raw):
             seconds = pairs(count, prompts, n, cell.setdefault("turns", {}).setdefault(phase, []))
+        if timing:
+            steps = {k: llm.collective_rpc(stop_timer)[0] for k, llm in engines.items()}
+            cell["host_phases"] = {k: phase_summary(steps[k], seconds[k]) for k in names}
         if py_spy is not None:
             sampled = host_sample_summary(raw.read_text(), list(names), count)
             cell.setdefault("host_samples", {})[phase] = sampled
@@ -284,6 +297,32 @@ def child(
         if profile:
             cell["profile"] = {k: profiled_first_token(k, prompts) for k in names}
     return out
+
+
+def phase_summary(calls: list[tuple], seconds: list[float]) -> dict:
+    """One engine's first tokens by host phase (rank_step_times.py's timer, unprofiled):
+    medians over its ``generate(max_tokens=1)`` calls of each runner phase, builder and the
+    Mamba layers' ops, of execute_model's host and device time, and of the time the calls
+    spent outside the worker's execute_model and sample_tokens (the engine core's
+    scheduling, input and output processing)."""
+    prefills = [c for c in calls if c[3] and c[3] > 1]  # the steps of the prompts' tokens
+    host = [(c[1] - c[0]) / 1e3 for c in prefills]
+    device = [c[2] for c in prefills if c[2] is not None]
+    worker = [(c[1] - c[0]) / 1e3 + c[5].get(SAMPLING, 0.0) for c in prefills]
+    outside = [1e6 * s - w for s, w in zip(seconds, worker)] if len(worker) == len(seconds) else []
+
+    def med(values: list[float]) -> float | None:
+        return round(statistics.median(values), 1) if values else None
+
+    return dict(
+        steps=len(prefills),
+        modes=dict(Counter(str(c[4]) for c in prefills)),
+        first_token_us=med([1e6 * s for s in seconds]),
+        execute_model_host_us=med(host),
+        execute_model_device_us=med(device),
+        outside_worker_us=med(outside),
+        host_us_by_phase=host_by_phase(prefills),
+    )
 
 
 def recapture_graphs(worker) -> None:
@@ -321,7 +360,7 @@ def row_of(
                 f"{what}_pairs": len(ratios),
             }
         )
-    for key in ("profile", "host_samples"):
+    for key in ("profile", "host_samples", "host_phases"):
         if key in cell:
             row[key] = cell[key]
     if clocks is not None:
@@ -444,6 +483,19 @@ def print_row(row: dict) -> None:
         print(f"    {first:>10s} {second:>10s}  function")
         for function, a, b in samples["differ_ms_per_call"][:25]:
             print(f"    {a:10.3f} {b:10.3f}  {function}")
+    phases = row.get("host_phases")
+    if phases:
+        a, b = phases[first], phases[second]
+        print(f"  first tokens by host phase, medians in us ({a['steps']} / {b['steps']} steps, "
+              f"CUDA graphs {a['modes']} / {b['modes']})")  # fmt: skip
+        print(f"    {first:>10s} {second:>10s}  phase")
+        keys = ("first_token_us", "outside_worker_us", "execute_model_host_us",
+                "execute_model_device_us")  # fmt: skip
+        for key in keys:
+            print(f"    {a[key]!s:>10} {b[key]!s:>10}  {key}")
+        for key in sorted(set(a["host_us_by_phase"]) | set(b["host_us_by_phase"])):
+            x, y = (p["host_us_by_phase"].get(key, "") for p in (a, b))
+            print(f"    {x!s:>10} {y!s:>10}  {key}")
     for phase, engines in row.get("clocks", {}).items():
         print(f"  GPU clocks in each engine's turns, {phase}: {engines}")
     for name, prof in row.get("profile", {}).items():
@@ -495,6 +547,13 @@ def main() -> None:
         "beside --output)",
     )
     ap.add_argument("--py-spy", default="py-spy", help="py-spy's path, for --host-samples")
+    ap.add_argument(
+        "--host-phases",
+        action="store_true",
+        help="time each engine's first-token steps by host phase during the first-token "
+        "pairs, without the profiler: the runner's phases, each metadata builder, the Mamba "
+        "layers' ops, and the time outside the worker",
+    )
     ap.add_argument("--moe-routing", default=None, help="as e2e.py's, for both engines")
     ap.add_argument(
         "--clocks",
@@ -517,6 +576,7 @@ def main() -> None:
         memory_shares=memory_shares,
         profiled=args.profile,
         host_samples=args.host_samples,
+        host_phases=args.host_phases,
         moe_routing=args.moe_routing,
     )
     env = dict(VLLM_ENABLE_V1_MULTIPROCESSING="0")
@@ -542,6 +602,7 @@ def main() -> None:
             py_spy=args.py_spy if args.host_samples else None,
             samples_dir=str(path.parent.resolve()),
             engine_batches=engine_batches,
+            host_phases=args.host_phases,
         )
         # the child starts as the first engine's implementation; it registers the plugin
         # itself before a plugin engine that follows vLLM's (vLLM's class before a built-in

@@ -9,19 +9,20 @@ scheduled tokens and the CUDA-graph mode vLLM's dispatcher chose for its forward
 graph, the host builds metadata and launches it; PIECEWISE: the attention and Mamba ops run
 eagerly between graphs; NONE: eager), which the summaries split by, and the host time of
 the runner's phases in the step (RUNNER_PHASES: input preparation, metadata building, the
-forward's launch...) and of each attention metadata builder class's builds (the plugin's
-Mamba builder against vLLM's), then the host time of the runner's sample_tokens (its own call
-after execute_model) and how long the worker then waits for the next step (the engine core's
-scheduling and output handling): where one implementation's host time goes, and whether it
-lies in the worker at all. The ranks run the
-same steps in the same order, so step i of every rank is one engine step: a rank's lateness
-is its entry less the earliest rank's; the step's interval is one entry to the next. A rank
-that enters late makes the others wait in the step's all-reduces (their device time grows),
-which is what a profile's all-reduce kernels show without saying which rank or why. The
-first call (the prefill) is summarised apart (its host time by phase: a lone prompt's time
-to first token), the others as decode steps. Where each rank's process runs: its CPU affinity
-and its parent's (the engine core's, under the multiprocessing executor), and the CPU each
-step entered on (a late rank's process may share a core with another's busy loop).
+forward's launch...), of each attention metadata builder class's builds (the plugin's
+Mamba builder against vLLM's) and of the Mamba layers' ops within the forward, then the host
+time of the runner's sample_tokens (its own call after execute_model) and how long the
+worker then waits for the next step (the engine core's scheduling and output handling):
+where one implementation's host time goes, and whether it lies in the worker at all. The
+ranks run the same steps in the same order, so step i of every rank is one engine step: a
+rank's lateness is its entry less the earliest rank's; the step's interval is one entry to
+the next. A rank that enters late makes the others wait in the step's all-reduces (their
+device time grows), which is what a profile's all-reduce kernels show without saying which
+rank or why. The first call (the prefill) is summarised apart (its host time by phase: a
+lone prompt's time to first token), the others as decode steps. Where each rank's process
+runs: its CPU affinity and its parent's (the engine core's, under the multiprocessing
+executor), and the CPU each step entered on (a late rank's process may share a core with
+another's busy loop).
 
     python benchmarks/rank_step_times.py --model nemotron-h-8b --tensor-parallel-size 4
     VLLM_CPU_OMP_THREADS_BIND="0|1" python benchmarks/rank_step_times.py --model dense \\
@@ -66,6 +67,8 @@ RUNNER_PHASES = (
 # The runner's sample_tokens (its own call after execute_model), kept with the step's phases
 # but outside execute_model's host time.
 SAMPLING = "sample_tokens (after execute_model)"
+# The Mamba layers' conv_ssm_forward calls of a step, summed (inside _model_forward).
+MIXER_OPS = "mixer ops"
 
 
 def start_timer(worker) -> None:
@@ -112,6 +115,10 @@ def start_timer(worker) -> None:
         for group in groups:
             for builder in getattr(group, "metadata_builders", []):
                 wrap(builder, "build", timing(f"build {type(builder).__name__}"))
+    # each Mamba layer's op (what runs eagerly between the forward's graphs), summed per step
+    for module in runner.model.modules():
+        if hasattr(type(module), "conv_ssm_forward"):
+            wrap(module, "conv_ssm_forward", timing(f"{MIXER_OPS} {type(module).__name__}"))
 
     def recording_mode(original):
         def dispatch(*args, **kwargs):
@@ -240,11 +247,7 @@ def summary(ranks: list[list[tuple]]) -> dict:
         return med(waits) if waits else None
 
     def by_phase(calls: list[tuple]) -> dict:
-        names = sorted({name for c in calls for name in c[5]})
-        host = {name: med([c[5].get(name, 0.0) for c in calls]) for name in names}
-        # the step's host time outside the timed phases (builds lie inside one of them)
-        host["other"] = med([(c[1] - c[0]) / 1e3 - outer_phases_us(c[5]) for c in calls])
-        return dict(steps=len(calls), **times(calls), host_us_by_phase=host)
+        return dict(steps=len(calls), **times(calls), host_us_by_phase=host_by_phase(calls))
 
     per_rank = []
     for rank, calls in enumerate(ranks):
@@ -272,11 +275,25 @@ def summary(ranks: list[list[tuple]]) -> dict:
     )
 
 
+def host_by_phase(calls: list[tuple]) -> dict[str, float]:
+    """The median host us of each phase over ``calls`` (stop_timer's records), and "other":
+    the step's host time outside the timed phases."""
+    names = sorted({name for c in calls for name in c[5]})
+    host = {name: round(statistics.median([c[5].get(name, 0.0) for c in calls]), 1)
+            for name in names}  # fmt: skip
+    other = [(c[1] - c[0]) / 1e3 - outer_phases_us(c[5]) for c in calls]
+    host["other"] = round(statistics.median(other), 1)
+    return host
+
+
 def outer_phases_us(phases: dict[str, float]) -> float:
     """The host us of execute_model's phases that do not nest in one another (builds nest in
-    _build_attention_metadata; sampling follows execute_model)."""
+    _build_attention_metadata, the mixer ops in _model_forward; sampling follows
+    execute_model)."""
     return sum(
-        us for name, us in phases.items() if not name.startswith("build ") and name != SAMPLING
+        us
+        for name, us in phases.items()
+        if not name.startswith(("build ", MIXER_OPS)) and name != SAMPLING
     )
 
 

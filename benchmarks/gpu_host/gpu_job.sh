@@ -64,6 +64,11 @@
 #               pairs sampled by py-spy (setup.sh installs it where its wheel was carried):
 #               each engine's host time per call by function, into
 #               LOG_DIR/paired-engines-host-samples-<gpu>.json (the raw stacks beside it)
+#   host-phases-M the pair (vLLM's engine first; host-phases-reversed-M the plugin's) at B=1
+#               (PAIRED_BATCHES: those batches) with each engine's 20 first-token steps timed
+#               by host phase, unprofiled (the runner's phases, each metadata builder, the
+#               Mamba layers' ops, the time outside the worker), into
+#               LOG_DIR/paired-engines-host-phases-<gpu>.json
 #   scan-host   the host time of one layer's prefill scan, vLLM's wrapper through its
 #               autotuners against the plugin's tuned launches (8B and 9B shapes, 1 and 32
 #               prompts of 128 tokens), then the boundary tests on this vLLM (the scan's
@@ -219,6 +224,13 @@ for s in "$@"; do
         --batches "${PAIRED_BATCHES:-1}" --engine-batches 1,32,128 --ttft-pairs 6 \
         --pair "${PAIR:-builtin,plugin}" --decode-pairs 1 --profile \
         --output "$out/paired-engines-profile-$gpu.json" ;;
+    host-phases-8b|host-phases-9b|host-phases-reversed-8b|host-phases-reversed-9b)
+      model=$(shape_of "$s")
+      pair=builtin,plugin
+      case $s in *-reversed-*) pair=plugin,builtin ;; esac
+      step "$s" "${paired[@]}" --models "$model" --state-dtype bfloat16 \
+        --batches "${PAIRED_BATCHES:-1}" --engine-batches 1,32,128 --decode-pairs 1 \
+        --pair "$pair" --host-phases --output "$out/paired-engines-host-phases-$gpu.json" ;;
     host-samples-8b|host-samples-9b)
       model=$(shape_of "$s")
       step "$s" "${paired[@]}" --models "$model" --state-dtype bfloat16 \
