@@ -210,6 +210,136 @@ def test_tuned_scan_kernels_stand_in_for_vllms_only_while_entered():
     assert TunedScanKernels((*signature, "other")).launches is not tuned.launches
 
 
+def small_scan_weights(device: str = "cpu"):
+    """A small layer's scan parameters: 24 heads of 32, 2 groups, d_state 64."""
+    from vllm_nemotron_h.vllm_boundary.prefill import ScanWeights
+
+    heads = 24
+    D, dt_bias = torch.randn(2, heads, device=device)
+    return ScanWeights(-torch.rand(heads, device=device) - 0.5, D, dt_bias, heads, 32, 2, 64, 3)
+
+
+def record_autotuner_runs(monkeypatch) -> list:
+    """The scan autotuners (Triton's Autotuner) run from now on, each appended as it runs."""
+    from vllm_nemotron_h.vllm_boundary import prefill
+
+    autotuner_class = type(getattr(*prefill.SCAN_KERNELS[0]))
+    runs = []
+    run = autotuner_class.run
+    monkeypatch.setattr(
+        autotuner_class, "run", lambda self, *a, **kw: runs.append(self) or run(self, *a, **kw)
+    )
+    return runs
+
+
+def test_scan_tuning_inputs_are_one_chunk_sequences_as_vllms_metadata_cuts_them():
+    from vllm_nemotron_h.testing.op_inputs import prefill_chunks
+    from vllm_nemotron_h.vllm_boundary.prefill import tuning_inputs
+
+    w = small_scan_weights()
+    given = tuning_inputs(w, 16, 5, torch.bfloat16, torch.float32, torch.device("cpu"))
+    md = prefill_chunks([16] * 5, 16, "cpu")
+    assert torch.equal(given.cu_seqlens, md.query_start_loc_p)
+    wants = (md.seq_idx_p, md.cu_chunk_seqlen_p, md.last_chunk_indices_p)
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(given.chunks, wants))
+    assert given.md.chunk_size == 16
+    assert given.x.shape == given.out.shape == (80, 24 * 32) and given.x.dtype == torch.bfloat16
+    assert given.B.shape == given.C.shape == (80, 2 * 64) and given.dt.shape == (80, 24)
+    # as a layer's prefill lays them out: views of the conv's and the projection's rows
+    conv_width = 24 * 32 + 2 * 2 * 64
+    assert given.x.stride() == given.B.stride() == given.C.stride() == (conv_width, 1)
+    assert given.dt.stride() == (24 * 32 + conv_width + 24, 1)
+    assert given.B.data_ptr() - given.x.data_ptr() == 24 * 32 * given.x.element_size()
+    assert given.initial_states.shape == (5, 24, 32, 64)
+    assert given.initial_states.dtype == torch.float32
+
+
+def test_tune_scan_tunes_each_untuned_signature_once_at_up_to_32_chunks(monkeypatch):
+    """On a GPU the scan runs once per signature not yet tuned, with and without initial
+    states, at 32 one-chunk sequences or the chunks the profile run's tokens hold (at least
+    one); a failing scan is logged, not raised; on a CPU nothing runs."""
+    from vllm_nemotron_h.vllm_boundary import prefill
+
+    made, scanned, warnings = [], [], []
+    tuning_inputs = prefill.tuning_inputs
+
+    def inputs(w, chunk_size, sequences, act_dtype, state_dtype, device):
+        made.append(sequences)
+        return tuning_inputs(w, chunk_size, sequences, act_dtype, state_dtype, "cpu")
+
+    def scan(md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu, chunks):
+        given = initial_states is not None
+        scanned.append((x.shape[0], given, per_chunk))
+        signature = prefill.scan_signature(md.chunk_size, w, x.dtype, dt.dtype, state_dtype, given)
+        if state_dtype == torch.float16:
+            raise RuntimeError("out of resources")
+        for launch in prefill.TunedScanKernels(signature).launches:
+            launch.config = {"BLOCK_SIZE": 64}
+
+    monkeypatch.setattr(prefill, "tuning_inputs", inputs)
+    monkeypatch.setattr(prefill, "_scan", scan)
+    monkeypatch.setattr(prefill.TunedScanKernels, "_launches", {})
+    monkeypatch.setattr(
+        prefill,
+        "plugin_logger",
+        lambda: SimpleNamespace(warning=lambda *a, **k: warnings.append(a)),
+    )
+    w, gpu = small_scan_weights(), torch.device("cuda")
+    prefill.tune_scan(w, 16, 16 * 100, torch.bfloat16, torch.float32, gpu)
+    assert made == [32] and scanned == [(512, False, False), (512, True, False)]
+    prefill.tune_scan(w, 16, 16 * 100, torch.bfloat16, torch.float32, gpu)
+    assert made == [32]  # tuned already
+    prefill.tune_scan(w, 16, 16 * 2 + 5, torch.bfloat16, torch.bfloat16, gpu)
+    prefill.tune_scan(w, 16, 9, torch.float32, torch.float32, gpu)
+    assert made == [32, 2, 1]
+    prefill.tune_scan(w, 16, 64, torch.bfloat16, torch.float16, gpu)
+    assert [(("failed" in message), given) for message, given in warnings] == [
+        (True, False),
+        (True, True),
+    ]
+    prefill.tune_scan(w, 16, 64, torch.float16, torch.float32, torch.device("cpu"))
+    assert made == [32, 2, 1, 4]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tune_scan_leaves_the_scan_launching_its_choices(monkeypatch):
+    """After the profile run's tuning, each signature's kernels launch with the configs their
+    autotuners chose at 32 chunks, and a scan of another shape goes through no autotuner."""
+    from vllm_nemotron_h.testing.op_inputs import prefill_chunks
+    from vllm_nemotron_h.vllm_boundary import prefill
+
+    monkeypatch.setattr(prefill.TunedScanKernels, "_launches", {})
+    w, gpu = small_scan_weights("cuda"), torch.device("cuda")
+    made = []
+    inputs = prefill.tuning_inputs
+    monkeypatch.setattr(prefill, "tuning_inputs", lambda *a: made.append(a[2]) or inputs(*a))
+    prefill.tune_scan(w, 128, 8192, torch.bfloat16, torch.float32, gpu)
+    assert made == [32]
+    for given in (False, True):
+        tuned = prefill.TunedScanKernels(
+            prefill.scan_signature(128, w, torch.bfloat16, torch.bfloat16, torch.float32, given)
+        )
+        assert tuned.tuned
+        for launch in tuned.launches:
+            assert launch.config in [c.all_kwargs() for c in launch.autotuner.cache.values()]
+    through_autotuners = record_autotuner_runs(monkeypatch)
+    lengths = [37, 300, 5]
+    n = sum(lengths)
+    md = prefill_chunks(lengths, 128, "cuda")
+    x = torch.randn(n, 24 * 32, device="cuda", dtype=torch.bfloat16)
+    B, C = torch.randn(2, n, 2 * 64, device="cuda", dtype=torch.bfloat16)
+    dt = torch.randn(n, 24, device="cuda", dtype=torch.bfloat16)
+    chunks = (md.seq_idx_p, md.cu_chunk_seqlen_p, md.last_chunk_indices_p)
+    for init in (None, torch.randn(3, 24, 32, 64, device="cuda")):
+        prefill._scan(
+            md, w, x, B, C, dt, torch.empty_like(x), init, torch.float32, False,
+            md.query_start_loc_p, chunks,
+        )  # fmt: skip
+    torch.cuda.synchronize()
+    assert through_autotuners == []
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
@@ -246,14 +376,7 @@ def test_the_plugins_scan_equals_vllms_and_skips_its_autotuners(
     vllm_states = prefill._vllm_scan(*args, vllm_out, *tail)
     tuned_runs = [prefill._scan(*args, torch.empty_like(x), *tail) for _ in range(2)]
 
-    autotuner_class = type(getattr(*prefill.SCAN_KERNELS[0]))
-    through_autotuners = []
-    run = autotuner_class.run
-    monkeypatch.setattr(
-        autotuner_class,
-        "run",
-        lambda self, *a, **kw: through_autotuners.append(self) or run(self, *a, **kw),
-    )
+    through_autotuners = record_autotuner_runs(monkeypatch)
     out = torch.empty_like(x)
     states = prefill._scan(*args, out, *tail)
     torch.cuda.synchronize()

@@ -6,7 +6,8 @@ Per step, inside vLLM's ``vllm::mamba_mixer2`` op (a CUDA-graph split point), th
 layer's plan (decode_plan.py: checked once, then launches only):
     prefill rows: vLLM's causal_conv1d_fn and chunked scan, without the gate (CPU ops on CPU;
                   on a GPU the scan's kernels with their tuned configs resolved once:
-                  vllm_boundary/prefill.py), then the prefill tail in one launch
+                  vllm_boundary/prefill.py, chosen in the profile run at a prefill of many
+                  chunks), then the prefill tail in one launch
                   (ops/mamba2_prefill_tail): the group norm with the silu(z) gate, no rstd
                   stored, and the final SSM states into the rows' slots (vLLM's scan with z
                   took 5x longer: 807 vs 155 us per 128-token prefill of Nemotron-H 8B on
@@ -37,7 +38,7 @@ from vllm_nemotron_h.model_executor.state_slots import StateSlotsMamba2Backend, 
 from vllm_nemotron_h.model_executor.validation import state_layout
 from vllm_nemotron_h.ops.rms_norm.args import GroupNorm
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
-from vllm_nemotron_h.vllm_boundary.config import current_vllm_config, on_cpu
+from vllm_nemotron_h.vllm_boundary.config import current_vllm_config, mamba_chunk_size, on_cpu
 from vllm_nemotron_h.vllm_boundary.layers import (
     MambaMixer2,
     all_reduce,
@@ -46,10 +47,14 @@ from vllm_nemotron_h.vllm_boundary.layers import (
     mixer_op,
     mixer_states,
     step_metadata,
-    warm_up_prefill_kernels,
 )
 from vllm_nemotron_h.vllm_boundary.metadata import NULL_BLOCK_ID, decode_slots
-from vllm_nemotron_h.vllm_boundary.prefill import ScanWeights, conv_prefill, scan_prefill
+from vllm_nemotron_h.vllm_boundary.prefill import (
+    ScanWeights,
+    conv_prefill,
+    scan_prefill,
+    tune_scan,
+)
 
 # A dt whose softplus is 0 in every activation dtype (exp underflows): no decay, no input.
 PASS_THROUGH_DT = -1e4
@@ -74,7 +79,9 @@ class PluginMambaMixer2(MambaMixer2):
         self.norm_spans_ranks = norm_spans_ranks(kwargs["n_groups"], self.tp_size)
         self.norm_in_forward = on_cpu() or self.norm_spans_ranks
         self.gate_in_forward = on_cpu()
-        self.state_layout = state_layout(current_vllm_config())
+        vllm_config = current_vllm_config()
+        self.state_layout = state_layout(vllm_config)
+        self.chunk_size = mamba_chunk_size(vllm_config)
         self.plan: LayerPlan | None = None
         self.scan_weights: ScanWeights | None = None  # made with the plan: loaded weights
 
@@ -108,10 +115,13 @@ class PluginMambaMixer2(MambaMixer2):
     def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
         md = step_metadata(self.prefix)
         if md is None:
-            # Profile run: let vLLM autotune its prefill kernels while memory is free.
-            conv_dtype, ssm_dtype = self.get_state_dtype()[:2]
-            scan_dtypes = (conv_dtype, scan_state_dtype(ssm_dtype))
-            warm_up_prefill_kernels(self, projected_states, scan_dtypes)
+            # Profile run: vLLM's scan kernels choose their configs while memory is free.
+            if self.chunk_size is not None:
+                tune_scan(
+                    self._scan_weights(), self.chunk_size, projected_states.shape[0],
+                    projected_states.dtype, scan_state_dtype(self.get_state_dtype()[1]),
+                    projected_states.device,
+                )  # fmt: skip
             return
         n_dec = md.num_decode_tokens
         n_all = n_dec + md.num_prefill_tokens
@@ -155,11 +165,15 @@ class PluginMambaMixer2(MambaMixer2):
                 md.decode_plan, weights, self.kv_cache, conv_state, ssm_state, ssm_scale,
                 deferred, xbc, dt, gate, out, NULL_BLOCK_ID,
             )  # fmt: skip
-            self.scan_weights = ScanWeights(
-                self.A, self.D, self.dt_bias, self.tped_heads, self.head_dim, self.tped_groups,
-                self.ssm_state_size, self.conv_kernel_size - 1,
-            )  # fmt: skip
+            self.scan_weights = self._scan_weights()
         return self.plan
+
+    def _scan_weights(self) -> ScanWeights:
+        """This rank's scan parameters, as vLLM's scan takes them."""
+        return ScanWeights(
+            self.A, self.D, self.dt_bias, self.tped_heads, self.head_dim, self.tped_groups,
+            self.ssm_state_size, self.conv_kernel_size - 1,
+        )  # fmt: skip
 
     def _prefill(self, plan: LayerPlan, md, xbc, dt, gate, out) -> None:
         conv_state, ssm_state = plan.conv_state, plan.ssm_state

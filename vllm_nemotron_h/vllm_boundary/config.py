@@ -14,6 +14,7 @@ __all__ = [
     "after_architecture_config_update",
     "current_vllm_config",
     "mamba_backend",
+    "mamba_chunk_size",
     "mamba_cache_mode",
     "on_cpu",
     "prefix_caching_enabled",
@@ -47,6 +48,13 @@ def replayssm_buffer_len(vllm_config: VllmConfig) -> int:
 
 def turn_off_replayssm(vllm_config: VllmConfig) -> None:
     vllm_config.cache_config.use_replayssm = False
+
+
+def mamba_chunk_size(vllm_config: VllmConfig) -> int | None:
+    """The chunk size vLLM's Mamba2 metadata cuts prefills into (its builder reads the model
+    config's); None without a model config."""
+    model_config = vllm_config.model_config
+    return None if model_config is None else model_config.get_mamba_chunk_size()
 
 
 def mamba_backend(vllm_config: VllmConfig) -> str:

