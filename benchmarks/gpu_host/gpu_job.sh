@@ -76,6 +76,10 @@
 #               transformers and the built-in; prefix caching in 'align' on the plugin,
 #               whose prefills start from cached states, and in 'all' on vLLM's model),
 #               into LOG_DIR/prefill-scan-host-time-<gpu>.json
+#   scan-tuning the boundary tests on this vLLM (the scan's tuning among them), then one layer's
+#               prefill scan of 1 / 32 / 128 prompts with the configs tuned at one chunk
+#               (vLLM's warm-up) against those tune_scan chooses, 3 trials each (8B and 9B
+#               shapes), into LOG_DIR/prefill-scan-tuning-<gpu>.json
 #   prefix-caching-tests the engine tests with prefix caching alone (each Mamba cache mode
 #               where it runs; deferred writes' rings through cached blocks)
 #   model-drafts-tests the engine tests of drafts from a model (MTP layers, a draft model in
@@ -249,6 +253,10 @@ for s in "$@"; do
       boundary_tests
       step scan-engine-tests python3 -m pytest -m gpu -q -p no:cacheprovider \
         tests/gpu/test_engine_gpu.py -k "fp32_eager or prefix_caching_mode_all" ;;
+    scan-tuning)
+      boundary_tests
+      step scan-tuning python3 benchmarks/prefill_scan_tuning.py \
+        --output "$out/prefill-scan-tuning-$gpu.json" ;;
     prefix-caching-tests) step prefix-caching-tests python3 -m pytest -m gpu -s \
       -p no:cacheprovider tests/gpu/test_engine_gpu.py -k prefix_caching ;;
     model-drafts-tests) step model-drafts-tests python3 -m pytest -m gpu -s \
