@@ -278,7 +278,9 @@ def tuning_inputs(
 
     rows = torch.arange(sequences)
     starts = int32(torch.arange(sequences + 1) * chunk_size)
-    states = torch.randn(sequences, w.heads, w.head_dim, w.d_state, device=device)
+    states = torch.randn(
+        sequences, w.heads, w.head_dim, w.d_state, device=device, dtype=state_dtype
+    )
     conv = torch.randn(n, conv_width, device=device, dtype=act_dtype)
     x, B, C = torch.split(conv, [inner, group_width, group_width], dim=-1)
     projected = torch.randn(n, inner + conv_width + w.heads, device=device, dtype=act_dtype)
@@ -289,7 +291,7 @@ def tuning_inputs(
         C=C,
         dt=projected[:, inner + conv_width :],
         out=torch.empty(n, inner, device=device, dtype=act_dtype),
-        initial_states=states.to(state_dtype),
+        initial_states=states,
         cu_seqlens=starts,
         chunks=(int32(rows), starts, int32(rows)),  # seq_idx, cu_chunk_seqlens, last chunks
     )
