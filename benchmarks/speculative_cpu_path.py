@@ -12,7 +12,7 @@ makes small steps slower and the figures noisy).
 
     python benchmarks/speculative_cpu_path.py [--shape 8,32,64,2,4] [--tokens 3]
 
-Writes benchmarks/results/speculative-cpu-path-cpu.json (or --output).
+Writes benchmarks/results/speculative-cpu-path-cpu.json (or --output) and a PNG beside it.
 """
 
 from __future__ import annotations
@@ -99,6 +99,29 @@ def one_token_tails(shape: MambaShape, rows: int, tokens: int):
     return run
 
 
+def plot(rows: list[dict], names: list[str], path: Path, meta: dict) -> None:
+    """Per batch of rows, each path's time per layer call (bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 2 * len(rows)), 4))
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        ax.bar(
+            [i + k * width for i in range(len(rows))], [r[name] for r in rows], width=width,
+            label=name.removesuffix("_us").replace("_", " "),
+        )  # fmt: skip
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    ax.set_xticklabels([f"{r['rows']} rows x {r['tokens']} tokens" for r in rows])
+    ax.set_ylabel("us per Mamba layer call (median)")
+    ax.set_title(f"speculative decode tail on CPU, shape {meta['shape']}, {meta['threads']} thread")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="8,32,64,2,4", help="nheads,head_dim,d_state,ngroups,width")
@@ -138,6 +161,8 @@ def main() -> None:
     )  # fmt: skip
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    plot(rows, list(cases), args.output.with_suffix(".png"), meta)
+    print("wrote", args.output)
 
 
 if __name__ == "__main__":
