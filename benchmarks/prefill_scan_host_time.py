@@ -29,6 +29,34 @@ MODELS = ("nemotron-h-8b", "nano-9b-v2")
 CHUNK_SIZE = 128
 
 
+def gpu_meta(script: str, **fields) -> dict:
+    """The GPU and versions a scan benchmark runs with, and ``fields``; exits without a GPU."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} times vLLM's Triton scan: it needs a GPU")
+    import triton
+    import vllm
+
+    return dict(
+        gpu=torch.cuda.get_device_name(), vllm=vllm.__version__, torch=torch.__version__,
+        triton=triton.__version__, python=platform.python_version(),
+        date=time.strftime("%Y-%m-%d"), **fields,
+    )  # fmt: skip
+
+
+def scan_weights(model: str):
+    """Random scan parameters of one layer of ``model``'s shape on the GPU (D and dt_bias in
+    fp32, as the plugin keeps them)."""
+    from vllm_nemotron_h.vllm_boundary.prefill import ScanWeights
+
+    cfg = REAL_SHAPES[model]
+    heads, dev = cfg["mamba_num_heads"], "cuda"
+    return ScanWeights(
+        -torch.rand(heads, device=dev) - 0.5, torch.randn(heads, device=dev),
+        torch.randn(heads, device=dev), heads, cfg["mamba_head_dim"], cfg["n_groups"],
+        cfg["ssm_state_size"], 3,
+    )  # fmt: skip
+
+
 def layer_calls(model: str, prompts: int, prompt_len: int, state_dtype: torch.dtype):
     """vLLM's scan and the plugin's on one layer of ``model``'s shape, on the same inputs,
     each writing its own y; both return the final states."""
@@ -36,16 +64,11 @@ def layer_calls(model: str, prompts: int, prompt_len: int, state_dtype: torch.dt
         mamba_chunk_scan_combined_varlen,
     )
 
-    from vllm_nemotron_h.vllm_boundary.prefill import ScanWeights, scan_prefill
+    from vllm_nemotron_h.vllm_boundary.prefill import scan_prefill
 
-    cfg = REAL_SHAPES[model]
-    heads, head_dim = cfg["mamba_num_heads"], cfg["mamba_head_dim"]
-    groups, d_state = cfg["n_groups"], cfg["ssm_state_size"]
+    w = scan_weights(model)
+    heads, head_dim, groups, d_state = w.heads, w.head_dim, w.groups, w.d_state
     n, dev, act = prompts * prompt_len, "cuda", torch.bfloat16
-    w = ScanWeights(
-        -torch.rand(heads, device=dev) - 0.5, torch.randn(heads, device=dev),
-        torch.randn(heads, device=dev), heads, head_dim, groups, d_state, 3,
-    )  # fmt: skip
     x = torch.randn(n, heads * head_dim, device=dev, dtype=act)
     B, C = torch.randn(2, n, groups * d_state, device=dev, dtype=act)
     dt = torch.randn(n, heads, device=dev, dtype=act)
@@ -131,18 +154,10 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--output", type=Path, required=True)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("prefill_scan_host_time.py times vLLM's Triton scan: it needs a GPU")
-    import triton
-    import vllm
-
+    meta = gpu_meta(
+        "prefill_scan_host_time.py", prompt_len=args.prompt_len, iterations=args.iterations
+    )
     torch.manual_seed(0)
-    meta = dict(
-        gpu=torch.cuda.get_device_name(), vllm=vllm.__version__, torch=torch.__version__,
-        triton=triton.__version__, python=platform.python_version(),
-        date=time.strftime("%Y-%m-%d"), prompt_len=args.prompt_len,
-        iterations=args.iterations,
-    )  # fmt: skip
     rows = []
     for model in args.models.split(","):
         layers = REAL_SHAPES[model]["hybrid_override_pattern"].count("M")

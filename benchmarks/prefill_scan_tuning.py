@@ -16,31 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from prefill_scan_host_time import MODELS, gpu_meta, scan_weights
 
 from vllm_nemotron_h.testing.checkpoints import REAL_SHAPES
 
-MODELS = ("nemotron-h-8b", "nano-9b-v2")
 CHUNK_SIZE = 128  # the 128-token prompts are one chunk each
 CALLS = 10
 POLICIES = ("one chunk (vLLM's warm-up)", "tune_scan (32 chunks)")
-
-
-def scan_weights(model: str):
-    from vllm_nemotron_h.vllm_boundary.prefill import ScanWeights
-
-    cfg = REAL_SHAPES[model]
-    heads, dev = cfg["mamba_num_heads"], "cuda"
-    D, dt_bias = torch.randn(2, heads, device=dev)  # fp32, as the plugin keeps them
-    return ScanWeights(
-        -torch.rand(heads, device=dev) - 0.5, D, dt_bias, heads, cfg["mamba_head_dim"],
-        cfg["n_groups"], cfg["ssm_state_size"], 3,
-    )  # fmt: skip
 
 
 def drop_choices() -> None:
@@ -137,20 +124,13 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--output", type=Path, required=True)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("prefill_scan_tuning.py times vLLM's Triton scan: it needs a GPU")
-    import triton
-    import vllm
-
+    meta = gpu_meta(
+        "prefill_scan_tuning.py", state_dtype=args.state_dtype, trials=args.trials,
+        iterations=args.iterations, calls_per_iteration=CALLS,
+    )  # fmt: skip
     torch.manual_seed(0)
     prompts = [int(p) for p in args.prompts.split(",")]
     state_dtype = getattr(torch, args.state_dtype)
-    meta = dict(
-        gpu=torch.cuda.get_device_name(), vllm=vllm.__version__, torch=torch.__version__,
-        triton=triton.__version__, python=platform.python_version(),
-        date=time.strftime("%Y-%m-%d"), state_dtype=args.state_dtype, trials=args.trials,
-        iterations=args.iterations, calls_per_iteration=CALLS,
-    )  # fmt: skip
     rows = []
     for model in args.models.split(","):
         w = scan_weights(model)
