@@ -68,6 +68,9 @@ SCAN_KERNELS: tuple[tuple[Any, str], ...] = (
 # tunings ran a 128-prompt scan in 1.13-1.41x the time of the configs tuned at 128 prompts
 # (benchmarks/results/scan-tuning-probe-vllm026-h200.json), and an engine's prefill scan took
 # 1.8x vLLM's (paired_engines.py --profile). 32 chunks fill the GPU several times over.
+# vLLM sets TRITON_CACHE_AUTOTUNING=1: a choice on disk for a kernel's key (made by any
+# earlier process at any shape) is loaded instead of tuned, so these 32 chunks choose only
+# where the Triton cache directory holds none yet.
 TUNING_SEQUENCES = 32
 
 
