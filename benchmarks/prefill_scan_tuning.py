@@ -31,11 +31,15 @@ POLICIES = ("one chunk (vLLM's warm-up)", "tune_scan (32 chunks)")
 
 
 def drop_choices() -> None:
-    """Every scan autotuner's choices and the plugin's launches of them forgotten."""
+    """Every scan autotuner's choices and the plugin's launches of them forgotten, and the
+    autotuners' disk cache off: vLLM sets TRITON_CACHE_AUTOTUNING=1, under which a cleared
+    autotuner loads the choice an earlier tuning left on disk instead of tuning again."""
     from vllm_nemotron_h.vllm_boundary.prefill import SCAN_KERNELS, TunedScanKernels
 
     for module, name in SCAN_KERNELS:
-        getattr(module, name).cache.clear()
+        autotuner = getattr(module, name)
+        autotuner.cache.clear()
+        autotuner.cache_results = False
     TunedScanKernels._launches.clear()
 
 
