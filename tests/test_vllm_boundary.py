@@ -406,11 +406,11 @@ def test_tune_scan_chooses_apart_from_vllms_disk_cache_and_loads_its_own(monkeyp
         assert {Path(p).name for p in choices_on_disk(own)} == {Path(p).name for p in vllms}
         on_disk = choices_on_disk(tmp_path)
         assert {p: on_disk[p] for p in vllms} == vllms  # vLLM's entries as they were
-        chosen = [str(a.cache) for a in autotuners]
+        chosen = [{key: str(c) for key, c in a.cache.items()} for a in autotuners]
         forget_choices()
         prefill.tune_scan(w, 128, 8192, torch.bfloat16, torch.float32, gpu)
         assert benched == []
-        assert [str(a.cache) for a in autotuners] == chosen
+        assert [{key: str(c) for key, c in a.cache.items()} for a in autotuners] == chosen
 
 
 @pytest.mark.gpu
