@@ -80,6 +80,10 @@
 #               prefill scan of 1 / 32 / 128 prompts with the configs tuned at one chunk
 #               (vLLM's warm-up) against those tune_scan chooses, 3 trials each (8B and 9B
 #               shapes), into LOG_DIR/prefill-scan-tuning-<gpu>.json
+#   scan-tuning-start tune_scan's cost to an engine start, three starts (processes) on one new
+#               Triton cache directory per model, then two more with a Triton kernel launched
+#               first (scan_tuning_start.py): the first start tunes, later ones load its
+#               choices, into LOG_DIR/scan-tuning-start[-warm-triton]-<gpu>.json
 #   prefix-caching-tests the engine tests with prefix caching alone (each Mamba cache mode
 #               where it runs; deferred writes' rings through cached blocks)
 #   model-drafts-tests the engine tests of drafts from a model (MTP layers, a draft model in
@@ -257,6 +261,12 @@ for s in "$@"; do
       boundary_tests
       step scan-tuning python3 benchmarks/prefill_scan_tuning.py \
         --output "$out/prefill-scan-tuning-$gpu.json" ;;
+    scan-tuning-start)
+      step scan-tuning-start python3 benchmarks/scan_tuning_start.py --models nano-9b-v2 \
+        --output "$out/scan-tuning-start-$gpu.json"
+      step scan-tuning-start-warm-triton python3 benchmarks/scan_tuning_start.py \
+        --models nano-9b-v2 --starts 2 --warm-triton \
+        --output "$out/scan-tuning-start-warm-triton-$gpu.json" ;;
     prefix-caching-tests) step prefix-caching-tests python3 -m pytest -m gpu -s \
       -p no:cacheprovider tests/gpu/test_engine_gpu.py -k prefix_caching ;;
     model-drafts-tests) step model-drafts-tests python3 -m pytest -m gpu -s \
