@@ -32,6 +32,7 @@ COUNTED = (
     ("disk-cache lookups", "runtime/autotuner.py", "check_disk_cache"),
     ("kernels compiled or loaded", "compiler/compiler.py", "compile"),
     ("kernels made ready to launch", "compiler/compiler.py", "_init_handles"),
+    ("kernels assembled (ptxas)", "backends/nvidia/compiler.py", "make_cubin"),
     ("C modules built", "triton/", "compile_module_from_src"),
     ("triton_key hashes", "triton/", "triton_key"),
 )
@@ -73,8 +74,13 @@ def child(model: str, state_dtype: str, warm_triton: bool) -> dict:
                 counted_s[label] += cum_s
         rows.append((cum_s, own_s, calls, f"{_short(path)}:{name}"))
     rows.sort(reverse=True)
+    from triton.runtime import autotuner
+
+    # what the autotuners' disk-cache key takes from the environment (None: not found)
+    cache_env = getattr(autotuner, "get_cache_invalidating_env_vars", lambda: None)()
     return dict(
         before_s=round(before_s, 2), tune_s=round(tune_s, 2), counted=counted,
+        cache_env=cache_env,
         counted_s={k: round(v, 2) for k, v in counted_s.items()},
         top=[dict(function=f, cumulative_s=round(c, 3), own_s=round(o, 3), calls=n)
              for c, o, n, f in rows[:TOP]],
