@@ -76,7 +76,7 @@ def speculative(
     live = LiveRows.of(step.state_slots, step.query_start, step.num_accepted, 0)
     if not carried:
         live = dataclasses.replace(
-            live, carry_rows=None, carry_slots=None, store_slots=None, block_slots=None
+            live, every_token_stored=False, carry_slots=None, store_slots=None, block_slots=None
         )
     if native:
         params = dataclasses.replace(NativeDecodeParams.of(layer), takes_token_rows=token_rows)

@@ -128,7 +128,7 @@ def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:
         # token writes anyway), each position's state stored straight to its slot. A row
         # that reads its last token's slot has its state there already.
         state = layer.ssm_state
-        carried = params.carries_in_read_slots and rows.carry_rows is not None
+        carried = params.carries_in_read_slots and rows.every_token_stored
         if carried and not rows.reads_last_token_slot:
             state.index_copy_(0, rows.carry_rows, state.index_select(0, rows.sources))
         if carried and rows.block_slots is not None and params.takes_token_rows:

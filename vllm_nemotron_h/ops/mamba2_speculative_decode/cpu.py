@@ -47,6 +47,8 @@ class LiveRows:
     tensor arithmetic on them costs several a field."""
 
     slots: torch.Tensor  # (n, K) their slots
+    slot_lists: list[list[int]]  # the same as Python lists
+    null_slot: int
     # each row's tokens and the tokens it accepted at its previous step
     lens: tuple[int, ...]
     accepted: tuple[int, ...]
@@ -57,7 +59,7 @@ class LiveRows:
     # every row accepted as many tokens at its previous step as it has now (the usual MTP
     # step): its state is read from the slot its last token writes (sources == carry_rows)
     reads_last_token_slot: bool
-    sources: torch.Tensor  # (n,) the slot each row's state is read from
+    every_token_stored: bool  # no token's slot is the null slot
     # (K, n) their tokens' indices, position-major; padded positions: the row's first
     tokens_by_position: torch.Tensor
     # the step's first token where its rows are one block of K tokens each in row order
@@ -65,19 +67,14 @@ class LiveRows:
     # of the block then stands in for indexing with tokens_by_position (by_position)
     token_block: int | None
     # the valid positions in the flattened (K * n) block (None: every position) and their
-    # tokens; the stored positions (a token, a slot not the null slot; None: every position)
-    # and their slots
+    # tokens
     valid_positions: torch.Tensor | None
     valid_tokens: torch.Tensor
-    stored_positions: torch.Tensor | None
-    stored_slots: torch.Tensor
     # for a recurrence that advances each row's state in the cache (the native one), None
-    # where some token's slot is the null slot: the slot each row's state is carried in (its
-    # last token's slot; (n,) int64); per token position (K of (n,), int32) the slot each
-    # row's state is carried in and the slot the position's state is stored to, the null
-    # slot at padded positions in both (None where the rows are one block: position_slots);
-    # and where the rows are one block (token_block), its int32 tables
-    carry_rows: torch.Tensor | None
+    # where some token's slot is the null slot: per token position (K of (n,), int32) the
+    # slot each row's state is carried in and the slot the position's state is stored to,
+    # the null slot at padded positions in both (None where the rows are one block:
+    # position_slots); and where the rows are one block (token_block), its int32 tables
     carry_slots: tuple[torch.Tensor, ...] | None
     store_slots: tuple[torch.Tensor, ...] | None
     block_slots: TokenBlockSlots | None
@@ -157,6 +154,63 @@ class LiveRows:
         block = values[self.token_block : self.token_block + n * K]
         return block.view(n, K, *values.shape[1:]).transpose(0, 1)
 
+    @property
+    def sources(self) -> torch.Tensor:
+        """(n,) the slot each row's state is read from."""
+        return self._index_tables[0]
+
+    @property
+    def carry_rows(self) -> torch.Tensor | None:
+        """(n,) int64, the slot each row's state is carried in (its last token's), for a
+        recurrence that advances each row's state in the cache; None where some token's slot
+        is the null slot."""
+        return self._index_tables[1]
+
+    @property
+    def stored_slots(self) -> torch.Tensor:
+        """The stored positions' slots (a position is stored where it is a token whose slot
+        is not the null slot)."""
+        return self._index_tables[2]
+
+    @property
+    def stored_positions(self) -> torch.Tensor | None:
+        """The stored positions in the flattened (K * n) block; None: every position."""
+        return self._index_tables[3]
+
+    @functools.cached_property
+    def _index_tables(
+        self,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """sources, carry_rows, stored_slots and stored_positions, made at the first use:
+        the PyTorch recurrence and a native one where a token stores no state read them, the
+        native one over a block of tokens (the usual MTP step) does not."""
+        n, K = self.slots.shape
+        table, lens, null_slot = self.slot_lists, self.lens, self.null_slot
+        # position-major, flattened: each token position's rows
+        stored = [
+            (k * n + i, table[i][k])
+            for k in range(K)
+            for i in range(n)
+            if k < lens[i] and table[i][k] != null_slot
+        ]
+        every_position_stored = len(stored) == n * K
+        parts = (
+            [row[a - 1] for row, a in zip(table, self.accepted)],  # sources
+            [row[m - 1] for row, m in zip(table, lens)] if self.every_token_stored else [],
+            [slot for _, slot in stored],
+            [] if every_position_stored else [p for p, _ in stored],
+        )
+        # split_with_sizes: Tensor.split's Python wrapper costs as much again
+        sources, carry_rows, stored_slots, stored_positions = torch.tensor(
+            [index for part in parts for index in part]
+        ).split_with_sizes([len(part) for part in parts])
+        return (
+            sources,
+            carry_rows if self.every_token_stored else None,
+            stored_slots,
+            None if every_position_stored else stored_positions,
+        )
+
     @functools.cached_property
     def position_slots(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
         """``carry_slots`` and ``store_slots``, made from ``block_slots`` where the rows are
@@ -217,25 +271,12 @@ def _slot_fields(
     """LiveRows' fields that depend on the rows' slots (n, K; ``table``: the same as lists),
     given its token layout (``block``: the rows are one block of K tokens each)."""
     n, K = slots.shape
-    # position-major, flattened: each token position's rows
-    per_position = [(k < lens[i], table[i][k]) for k in range(K) for i in range(n)]
-    stored = [
-        (p, slot) for p, (valid, slot) in enumerate(per_position) if valid and slot != null_slot
-    ]
-    every_token_stored = len(stored) == sum(lens)  # every token's slot a real one
-    every_position_stored = len(stored) == n * K
-    last = [row[length - 1] for row, length in zip(table, lens)]
-    parts = (
-        [row[a - 1] for row, a in zip(table, accepted)],  # sources
-        last if every_token_stored else [],  # carry rows
-        [slot for _, slot in stored],
-        [] if every_position_stored else [p for p, _ in stored],
+    every_token_stored = all(
+        slot != null_slot for row, length in zip(table, lens) for slot in row[:length]
     )
-    # split_with_sizes: Tensor.split's Python wrapper costs as much again
-    sources, carry_rows, stored_slots, stored_positions = torch.tensor(
-        [index for part in parts for index in part]
-    ).split_with_sizes([len(part) for part in parts])
     carry_slots = store_slots = block_slots = None
+    if every_token_stored:
+        last = [row[length - 1] for row, length in zip(table, lens)]
     if every_token_stored and block:
         # the native op reads its slot tensors' memory as laid out: each view contiguous
         packed = torch.tensor(
@@ -245,19 +286,19 @@ def _slot_fields(
         carried, query_start, counts, tokens = packed.split_with_sizes([n, n + 1, n, n * K])
         block_slots = TokenBlockSlots(carried, tokens.view(n, K), query_start, counts)
     elif every_token_stored:
-        # padded positions: the null slot
+        # position-major; padded positions: the null slot
+        positions = [(k < lens[i], i, k) for k in range(K) for i in range(n)]
         by_position = torch.tensor(
-            [last[p % n] if valid else null_slot for p, (valid, _) in enumerate(per_position)]
-            + [slot if valid else null_slot for valid, slot in per_position],
+            [last[i] if valid else null_slot for valid, i, _ in positions]
+            + [table[i][k] if valid else null_slot for valid, i, k in positions],
             dtype=torch.int32,
         ).view(2 * K, n)
         carry_slots, store_slots = by_position[:K].unbind(0), by_position[K:].unbind(0)
     return dict(
         slots=slots,
-        sources=sources,
-        stored_positions=None if every_position_stored else stored_positions,
-        stored_slots=stored_slots,
-        carry_rows=carry_rows if every_token_stored else None,
+        slot_lists=table,
+        null_slot=null_slot,
+        every_token_stored=every_token_stored,
         carry_slots=carry_slots,
         store_slots=store_slots,
         block_slots=block_slots,
