@@ -157,7 +157,7 @@ def _advance_token_rows(
     slots = rows.block_slots
     K, n = rows.tokens_by_position.shape
     x_rows = (n * K, *params.x_row)
-    # each row's tokens in order (a copy where there are several rows)
+    # each row's tokens in order (the CPU path's conv computes them so: a view)
     x, B, C = params.split(conv.transpose(0, 1).reshape(n * K, -1))
     z = rows.token_rows(step.z).view(x_rows) if step.z is not None else None
     tokens = StateUpdateStep(

@@ -154,6 +154,14 @@ class LiveRows:
         block = values[self.token_block : self.token_block + n * K]
         return block.view(n, K, *values.shape[1:]).transpose(0, 1)
 
+    def by_token(self, values: torch.Tensor) -> torch.Tensor:
+        """The rows' tokens' ``values``, row-major (n, K, ...): a view where the rows are one
+        block, a gather otherwise (padded positions: the row's first token)."""
+        if self.token_block is None:
+            return values[self.tokens_by_position.t()]
+        K, n = self.tokens_by_position.shape
+        return values[self.token_block : self.token_block + n * K].view(n, K, *values.shape[1:])
+
     @property
     def sources(self) -> torch.Tensor:
         """(n,) the slot each row's state is read from."""
@@ -240,22 +248,22 @@ class LiveRows:
         block.copy_(values.view(K, n, *values.shape[1:]).transpose(0, 1))
 
     def conv_columns(self, width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """For a conv of ``width`` taps: the columns of each row's accepted window (n, 1,
-        width - 1; None where it starts at ``common_window_start`` in every row), and which
-        of the rolled state's columns take the step's values (n, 1, width - 2 + K; None:
-        all of them)."""
+        """For a conv of ``width`` taps: the columns of each row's accepted window (n, width -
+        1, 1; None where it starts at ``common_window_start`` in every row), and which of the
+        rolled state's columns take the step's values (n, width - 2 + K, 1; None: all of
+        them)."""
         if width not in self._columns:
             n, K = self.slots.shape
             taps = None
             if self.common_window_start is None:
                 taps = torch.tensor(
                     [[a - 1 + j for j in range(width - 1)] for a in self.accepted]
-                ).view(n, 1, width - 1)
+                ).view(n, width - 1, 1)
             kept = None
             if self.valid_positions is not None:  # some row has fewer than K tokens
                 shifted = [True] * (width - 2)
                 kept = torch.tensor([shifted + [k < m for k in range(K)] for m in self.lens])
-                kept = kept.view(n, 1, -1)
+                kept = kept.view(n, -1, 1)
             self._columns[width] = taps, kept
         return self._columns[width]
 
@@ -346,38 +354,41 @@ def mamba2_speculative_decode_cpu(
 
 
 def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Tensor:
-    """silu(conv) of the rows' tokens, position-major (K, n, conv_dim), in the activation
-    dtype; rolls the rows' conv states over their tokens."""
+    """silu(conv) of the rows' tokens, position-major (K, n, conv_dim; a view of row-major
+    values), in the activation dtype; rolls the rows' conv states over their tokens."""
     conv_state, weight = layer.conv_state, layer.conv_weight
     dim, width = weight.shape
     slots = rows.slots[:, 0]
-    states = conv_state.index_select(0, slots)  # (n, dim, width - 1 + K - 1)
+    # (slots, columns, dim): vLLM's default conv state layout stores it so, each column's
+    # channels contiguous; the rows' states are then contiguous blocks
+    by_slot = conv_state.transpose(1, 2)
+    states = by_slot.index_select(0, slots)  # (n, width - 1 + K - 1, dim)
     taps, kept = rows.conv_columns(width)
     if taps is None:  # every row's window starts at the same column
         first = rows.common_window_start
-        window = states[:, :, first : first + width - 1]
+        window = states[:, first : first + width - 1]
     else:
-        window = states.gather(2, taps.expand(-1, dim, -1))  # the accepted window
-    xbc = rows.by_position(step.xbc)  # (K, n, dim)
-    K = xbc.shape[0]
-    # Each token after its history as the state stores it, position-major (width - 1 + K,
-    # n, dim): the window, then the tokens. A tap's inputs for every token at once are then
-    # one contiguous block, and the conv one fp32 multiply-add per tap.
+        window = states.gather(1, taps.expand(-1, -1, dim))  # the accepted window
+    xbc = rows.by_token(step.xbc)  # (n, K, dim)
+    K = xbc.shape[1]
+    # Each row's tokens after their history as the state stores it (n, width - 1 + K, dim):
+    # the window, then the tokens. A tap's inputs for every token at once are then one
+    # strided block, the conv one fp32 multiply-add per tap, and the rolled state a view.
     as_stored = xbc.to(conv_state.dtype)
-    stored = torch.cat([window.permute(2, 0, 1), as_stored])
+    stored = torch.cat([window, as_stored], 1)
     columns = weight.float().T  # (width, dim)
     if layer.conv_bias is None:
-        conv = stored[:K] * columns[0]
+        conv = stored[:, :K] * columns[0]
     else:
-        conv = torch.addcmul(layer.conv_bias.float(), stored[:K], columns[0])
+        conv = torch.addcmul(layer.conv_bias.float(), stored[:, :K], columns[0])
     for tap in range(1, width):
-        conv.addcmul_(stored[tap : tap + K], columns[tap])
+        conv.addcmul_(stored[:, tap : tap + K], columns[tap])
     if conv_state.dtype != xbc.dtype:  # the token itself as it arrives, not as stored
         conv.addcmul_(xbc.float() - as_stored.float(), columns[width - 1])
     # after the step: the window but its first column, then the row's tokens
-    rolled = stored[1:].permute(1, 2, 0)
-    conv_state.index_copy_(0, slots, rolled if kept is None else torch.where(kept, rolled, states))
-    return torch.nn.functional.silu(conv).to(step.xbc.dtype)
+    rolled = stored[:, 1:]
+    by_slot.index_copy_(0, slots, rolled if kept is None else torch.where(kept, rolled, states))
+    return torch.nn.functional.silu(conv).to(step.xbc.dtype).transpose(0, 1)
 
 
 def state_recurrence(
