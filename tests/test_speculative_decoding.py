@@ -138,6 +138,7 @@ def test_engine_log_names_how_the_cpu_path_carries_states(
     carried = "each row's state carried through its slots" in line
     in_blocks = "each position's states in a block of their own" in line
     assert (carried, in_blocks) == (op_writes_read_slots, not op_writes_read_slots), line
+    assert "the speculative steps' conv on the plugin's compiled CPU op" in line, line
 
 
 def test_mamba_cache_groups_of_one_engine_and_spec_share_the_steps_rows():

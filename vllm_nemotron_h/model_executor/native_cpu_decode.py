@@ -49,7 +49,7 @@ class NativeDecodeParams:
         """Views x (rows, nheads, head_dim), B and C (rows, ngroups, d_state) of conv output
         rows (rows, conv_dim)."""
         rows = conv.shape[0]
-        x, B, C = conv.split(self.xbc_split, -1)
+        x, B, C = conv.split_with_sizes(self.xbc_split, -1)  # Tensor.split: a Python wrapper
         bc_rows = (rows, *self.bc_row)
         return x.view(rows, *self.x_row), B.view(bc_rows), C.view(bc_rows)
 

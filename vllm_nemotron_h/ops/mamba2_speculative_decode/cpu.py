@@ -20,6 +20,7 @@ import torch
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, group_norm
 from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of, split_xbc
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu_conv import compiled_conv
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
 from vllm_nemotron_h.ops.state_format import dequantize, quantize
 
@@ -231,6 +232,12 @@ class LiveRows:
         stores = self.block_slots.tokens.t().contiguous().unbind(0)
         return (self.block_slots.carried,) * K, stores
 
+    @functools.cached_property
+    def token_counts(self) -> torch.Tensor:
+        """(2, n) int64: the tokens each row accepted at its previous step, then its tokens
+        now (what the compiled conv reads)."""
+        return torch.tensor([self.accepted, self.lens])
+
     def token_rows(self, values: torch.Tensor) -> torch.Tensor:
         """The block's ``values`` (a row per token of the step) in token order, (n * K, ...):
         a view; only where the rows are one block (token_block)."""
@@ -355,7 +362,20 @@ def mamba2_speculative_decode_cpu(
 
 def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Tensor:
     """silu(conv) of the rows' tokens, position-major (K, n, conv_dim; a view of row-major
-    values), in the activation dtype; rolls the rows' conv states over their tokens."""
+    values), in the activation dtype; rolls the rows' conv states over their tokens. On the
+    compiled op where it was built (cpu_conv.py), else in PyTorch (conv_torch)."""
+    op = compiled_conv()
+    if op is None:
+        return conv_torch(layer, step, rows)
+    conv = op(
+        rows.by_token(step.xbc), layer.conv_state, layer.conv_weight, layer.conv_bias,
+        rows.slots[:, 0], rows.token_counts,
+    )  # fmt: skip
+    return conv.transpose(0, 1)
+
+
+def conv_torch(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Tensor:
+    """``_conv`` in PyTorch: the compiled op's effects where it cannot be built."""
     conv_state, weight = layer.conv_state, layer.conv_weight
     dim, width = weight.shape
     slots = rows.slots[:, 0]
