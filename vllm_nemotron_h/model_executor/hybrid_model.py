@@ -19,6 +19,7 @@ import importlib.metadata
 from vllm_nemotron_h.model_executor.mamba2_mixer import PluginMambaMixer2, norm_spans_ranks
 from vllm_nemotron_h.model_executor.moe_cpu import CpuNemotronHMoEDecoderLayer
 from vllm_nemotron_h.model_executor.native_cpu_decode import layout_runs_native_cpu_decode
+from vllm_nemotron_h.model_executor.ssm_state_cache import INT8
 from vllm_nemotron_h.model_executor.validation import (
     deferred_writes_off_reason,
     hand_back_reason,
@@ -26,7 +27,7 @@ from vllm_nemotron_h.model_executor.validation import (
     state_layout,
     validate,
 )
-from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu_conv import build_failure
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu_kernels import build_failure
 from vllm_nemotron_h.vllm_boundary import cpu_ops
 from vllm_nemotron_h.vllm_boundary.config import (
     VllmConfig,
@@ -119,25 +120,8 @@ def describe(vllm_config: VllmConfig) -> str:
             if native
             else "the plugin's CPU path (PyTorch)"
         )
-        if native and draft_tokens:
-            carried = (
-                "each row's state carried through its slots"
-                if cpu_ops.state_update_writes_read_slots()
-                else "each position's states in a block of their own (the installed op does "
-                "not write the slots it reads)"
-            )
-            calls = (
-                "in one call a layer where every row has 1 + drafts tokens, else once per "
-                "token position"
-                if cpu_ops.state_update_takes_token_rows()
-                else "once per token position"
-            )
-            decode += (
-                " in steps without drafts; in the others vLLM's native state update "
-                f"{calls} ({carried}), group norm on the plugin's CPU path"
-            )
         if draft_tokens:
-            decode += f", the speculative steps' conv on {speculative_conv_description()}"
+            decode += speculative_cpu_description(native, layout.ssm_format == INT8)
         prefill, moe = "CPU path", "MoE layers the plugin's CPU path"
     elif draft_tokens:
         decode = (
@@ -197,13 +181,39 @@ def norm_after_op_description(vllm_config: VllmConfig) -> str:
     return ""
 
 
-def speculative_conv_description() -> str:
-    """Which conv a CPU speculative step runs; asking builds the compiled op (once a machine)
-    or finds why it cannot be built, so that the engine's start pays for it, not a step."""
+def speculative_cpu_description(native: bool, int8_state: bool) -> str:
+    """What a CPU step with drafts runs, as the log adds it to the decode path. Asking builds
+    the plugin's compiled CPU ops (once a machine) or finds why they cannot be built, so that
+    the engine's start pays for the build, not a step."""
     failure = build_failure()
+    conv = (
+        "the plugin's compiled CPU op"
+        if failure is None
+        else f"the plugin's PyTorch CPU path (its compiled ops could not be built: {failure})"
+    )
+    if native:
+        prefix = " in steps without drafts; in the others"
+    else:
+        prefix = "; in steps with drafts"
+    if int8_state or (failure is not None and not native):
+        return f"{prefix} the conv on {conv}, the state recurrence in PyTorch"
     if failure is None:
-        return "the plugin's compiled CPU op"
-    return f"the plugin's PyTorch CPU path (its compiled op could not be built: {failure})"
+        return (
+            f"{prefix} the conv and the state recurrence on the plugin's compiled CPU ops "
+            "(one call each a layer)"
+        )
+    carried = (
+        "each row's state carried through its slots"
+        if cpu_ops.state_update_writes_read_slots()
+        else "each position's states in a block of their own (the installed op does "
+        "not write the slots it reads)"
+    )
+    calls = (
+        "in one call a layer where every row has 1 + drafts tokens, else once per token position"
+        if cpu_ops.state_update_takes_token_rows()
+        else "once per token position"
+    )
+    return f"{prefix} vLLM's native state update {calls} ({carried}), the conv on {conv}"
 
 
 def speculation_description(vllm_config: VllmConfig) -> str:

