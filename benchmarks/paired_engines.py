@@ -31,10 +31,10 @@ during each batch's first-token pairs and, apart, its whole-run pairs, without p
 keeps for each engine the functions its calls spent host time in (milliseconds per call,
 inclusive, and the functions whose time differs most between the engines): where the host
 time of one engine's steps goes that the other's does not spend, with no profiler's per-op
-cost. ``--host-phases`` times each engine's first-token steps without the profiler
-(rank_step_times.py's timer: the runner's phases, each metadata builder's builds, the Mamba
-layers' ops, and the time outside the worker's calls): where one engine's first token spends
-host time that the other's does not.
+cost. ``--host-phases`` times each engine's steps without the profiler (rank_step_times.py's
+timer: the runner's phases, each metadata builder's builds, the Mamba layers' ops, and the
+time outside the worker's calls), the first-token pairs' prompt steps and, per decode step,
+the whole-run pairs': where one engine's steps spend host time that the other's do not.
 ``--clocks`` reads a GPU clock log written while this runs (gpu_host/job_lib.sh's, one sample a
 second) and keeps, per engine, the SM clock and power of the samples inside its turns: whether
 one engine's turns ran slowed, e.g. at the power limit (a turn shorter than a second holds a
@@ -246,6 +246,11 @@ def child(
         generate = generate_on_first_engine if name == names[0] else generate_on_second_engine
         return generate(engines[name], prompts, n)
 
+    def step_tokens(name: str) -> int:
+        """The most tokens a decode step schedules per sequence: 1 and its drafts."""
+        spec = engines[name].llm_engine.vllm_config.speculative_config
+        return 1 + (spec.num_speculative_tokens if spec is not None else 0)
+
     def pairs(count: int, prompts: list[dict], n: int, turns: list) -> dict[str, list[float]]:
         """``count`` pairs; each engine's turn (name, wall-clock start, end) into ``turns``."""
         seconds: dict[str, list[float]] = {k: [] for k in names}
@@ -268,15 +273,20 @@ def child(
         """``pairs``, sampled by py-spy where asked (into ``cell["host_samples"][phase]``);
         the first-token pairs' steps timed by phase where asked (``cell["host_phases"]``)."""
         raw = Path(samples_dir or ".") / f"host-samples-{model}-b{len(prompts)}-{phase}.txt"
-        timing = host_phases and phase == "first_token"
-        if timing:
+        if host_phases:
             for llm in engines.values():
                 llm.collective_rpc(start_timer)
         with host_samples(py_spy, raw):
             seconds = pairs(count, prompts, n, cell.setdefault("turns", {}).setdefault(phase, []))
-        if timing:
+        if host_phases:
             steps = {k: llm.collective_rpc(stop_timer)[0] for k, llm in engines.items()}
-            cell["host_phases"] = {k: phase_summary(steps[k], seconds[k]) for k in names}
+            if phase == "first_token":
+                cell["host_phases"] = {k: phase_summary(steps[k], seconds[k]) for k in names}
+            else:
+                cell["decode_host_phases"] = {
+                    k: decode_phase_summary(steps[k], seconds[k], len(prompts) * step_tokens(k))
+                    for k in names
+                }
         if py_spy is not None:
             sampled = host_sample_summary(raw.read_text(), list(names), count)
             cell.setdefault("host_samples", {})[phase] = sampled
@@ -325,6 +335,58 @@ def phase_summary(calls: list[tuple], seconds: list[float]) -> dict:
     )
 
 
+def decode_phase_summary(calls: list[tuple], seconds: list[float], most_tokens: int) -> dict:
+    """One engine's whole runs by host phase, per decode step (a call scheduling at most
+    ``most_tokens``; each run opens with its prompts' step): medians over its runs of the
+    decode steps a run took (fewer where more drafts are accepted), and of each run's time
+    per decode step in all, in the worker's execute_model and sample_tokens, outside them
+    (the engine core's scheduling, input and output processing), and in each runner phase,
+    builder and the Mamba layers' ops."""
+    runs: list[list[tuple]] = []
+    for c in calls:
+        if c[3] is None or c[3] > most_tokens or not runs:
+            runs.append([])
+        runs[-1].append(c)
+    if len(runs) != len(seconds):
+        raise RuntimeError(f"{len(runs)} runs in the step records, {len(seconds)} timed")
+
+    def worker_us(c: tuple) -> float:
+        return (c[1] - c[0]) / 1e3 + c[5].get(SAMPLING, 0.0)
+
+    per_run = []
+    for run, s in zip(runs, seconds):
+        decode = run[1:]
+        steps = len(decode)
+        phases: dict[str, float] = Counter()
+        for c in decode:
+            phases.update(c[5])
+            phases["execute_model"] += (c[1] - c[0]) / 1e3
+        per_run.append(
+            dict(
+                steps=steps,
+                step_us=(1e6 * s - worker_us(run[0])) / steps,
+                worker_us=sum(map(worker_us, decode)) / steps,
+                outside_worker_us=(1e6 * s - sum(map(worker_us, run))) / steps,
+                phases={k: v / steps for k, v in phases.items()},
+            )
+        )
+
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values), 1)
+
+    names = sorted({k for r in per_run for k in r["phases"]})
+    return dict(
+        runs=len(per_run),
+        **{
+            k: med([r[k] for r in per_run])
+            for k in ("steps", "step_us", "worker_us", "outside_worker_us")
+        },
+        host_us_per_step_by_phase={
+            k: med([r["phases"].get(k, 0.0) for r in per_run]) for k in names
+        },
+    )
+
+
 def recapture_graphs(worker) -> None:
     """In the first engine's worker (collective_rpc): its CUDA graphs captured again."""
     worker.model_runner.capture_model()
@@ -360,7 +422,7 @@ def row_of(
                 f"{what}_pairs": len(ratios),
             }
         )
-    for key in ("profile", "host_samples", "host_phases"):
+    for key in ("profile", "host_samples", "host_phases", "decode_host_phases"):
         if key in cell:
             row[key] = cell[key]
     if clocks is not None:
@@ -488,14 +550,18 @@ def print_row(row: dict) -> None:
         a, b = phases[first], phases[second]
         print(f"  first tokens by host phase, medians in us ({a['steps']} / {b['steps']} steps, "
               f"CUDA graphs {a['modes']} / {b['modes']})")  # fmt: skip
-        print(f"    {first:>10s} {second:>10s}  phase")
         keys = ("first_token_us", "outside_worker_us", "execute_model_host_us",
                 "execute_model_device_us")  # fmt: skip
-        for key in keys:
-            print(f"    {a[key]!s:>10} {b[key]!s:>10}  {key}")
-        for key in sorted(set(a["host_us_by_phase"]) | set(b["host_us_by_phase"])):
-            x, y = (p["host_us_by_phase"].get(key, "") for p in (a, b))
-            print(f"    {x!s:>10} {y!s:>10}  {key}")
+        print_phases(row["engines"], a, b, keys, "host_us_by_phase")
+    phases = row.get("decode_host_phases")
+    if phases:
+        a, b = phases[first], phases[second]
+        print(
+            f"  whole runs per decode step by host phase, medians over {a['runs']} / "
+            f"{b['runs']} runs in us ({a['steps']} / {b['steps']} decode steps a run)"
+        )
+        keys = ("step_us", "outside_worker_us", "worker_us")
+        print_phases(row["engines"], a, b, keys, "host_us_per_step_by_phase")
     for phase, engines in row.get("clocks", {}).items():
         print(f"  GPU clocks in each engine's turns, {phase}: {engines}")
     for name, prof in row.get("profile", {}).items():
@@ -503,6 +569,16 @@ def print_row(row: dict) -> None:
               f"{prof['kernel_us']:.0f} us {prof['categories']}")  # fmt: skip
         for op, calls, us in prof["host_top"][:12]:
             print(f"    {us:9.1f} us {calls:6d} x {op}")
+
+
+def print_phases(names: list[str], a: dict, b: dict, keys: tuple, by_phase: str) -> None:
+    """Two engines' phase summaries side by side: ``keys``, then each phase of ``by_phase``."""
+    print(f"    {names[0]:>10s} {names[1]:>10s}  phase")
+    for key in keys:
+        print(f"    {a[key]!s:>10} {b[key]!s:>10}  {key}")
+    for key in sorted(set(a[by_phase]) | set(b[by_phase])):
+        x, y = (p[by_phase].get(key, "") for p in (a, b))
+        print(f"    {x!s:>10} {y!s:>10}  {key}")
 
 
 def main() -> None:
@@ -550,9 +626,9 @@ def main() -> None:
     ap.add_argument(
         "--host-phases",
         action="store_true",
-        help="time each engine's first-token steps by host phase during the first-token "
-        "pairs, without the profiler: the runner's phases, each metadata builder, the Mamba "
-        "layers' ops, and the time outside the worker",
+        help="time each engine's steps by host phase during the pairs, without the "
+        "profiler (first tokens; whole runs per decode step): the runner's phases, each "
+        "metadata builder, the Mamba layers' ops, and the time outside the worker",
     )
     ap.add_argument("--moe-routing", default=None, help="as e2e.py's, for both engines")
     ap.add_argument(

@@ -172,9 +172,8 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
         )
         layout = state_layout(vllm_config)
         self.deferred_writes = layout.ring_size > 0
-        self.native_cpu_decode = torch.device(device).type == "cpu" and (
-            layout_runs_native_cpu_decode(layout)
-        )
+        self.on_cpu = torch.device(device).type == "cpu"
+        self.native_cpu_decode = self.on_cpu and layout_runs_native_cpu_decode(layout)
         self.slots_writer = first_in_forward(layer_names)
 
     def complete(self, metadata: StateSlotsMetadata) -> StateSlotsMetadata:
@@ -215,17 +214,16 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             metadata.step_rows_filled = True
         if metadata.num_decodes > 0:
             rows = metadata.state_indices_tensor_d.shape[0]  # padded as the graph replayed
-            on_cpu = self.state_slots.device.type == "cpu"
             if not self.native_cpu_decode or self.draft_tokens:
                 metadata.state_slots_d = self.state_slots[:rows]
-            if self.draft_tokens and on_cpu and metadata.rows_of_one_token is None:
+            if self.draft_tokens and self.on_cpu and metadata.rows_of_one_token is None:
                 metadata.rows_of_one_token = one_token_rows(
-                    metadata.query_start_d, metadata.num_accepted_d
+                    metadata.query_start_d.tolist(), metadata.num_accepted_d.tolist()
                 )
             if self.draft_tokens:
-                if on_cpu and metadata.rows_of_one_token:
+                if self.on_cpu and metadata.rows_of_one_token:
                     metadata.state_slots_d_int32 = metadata.state_slots_d[:, 0].to(torch.int32)
-                elif on_cpu:
+                elif self.on_cpu:
                     metadata.live_rows_d = LiveRows.of(
                         metadata.state_slots_d, metadata.query_start_d, metadata.num_accepted_d,
                         NULL_BLOCK_ID, like=metadata.step_live_rows,
@@ -380,11 +378,14 @@ def shared_step_rows(
     return query_start, num_accepted
 
 
-def one_token_rows(query_start: torch.Tensor, num_accepted: torch.Tensor) -> bool:
+def one_token_rows(query_start: list[int], num_accepted: list[int]) -> bool:
     """Whether a speculative step is one of one token per sequence: no row verifies drafts,
     and each accepted one token at its previous step (its state is in its first slot, its
-    conv window the first columns). Reads the tensors: CPU steps only."""
-    return bool((query_start.diff() <= 1).all() and (num_accepted == 1).all())
+    conv window the first columns). Takes the token starts and counts as lists (CPU steps
+    only: a few tensor ops on them cost more than the lists)."""
+    return all(b - a <= 1 for a, b in zip(query_start, query_start[1:])) and all(
+        n == 1 for n in num_accepted
+    )
 
 
 class StateSlotsMamba2Backend(Mamba2AttentionBackend):
