@@ -271,7 +271,9 @@ def child(
 
     def sampled_pairs(cell: dict, phase: str, count: int, prompts: list[dict], n: int) -> dict:
         """``pairs``, sampled by py-spy where asked (into ``cell["host_samples"][phase]``);
-        the first-token pairs' steps timed by phase where asked (``cell["host_phases"]``)."""
+        their steps timed by phase where asked: the first-token pairs' into
+        ``cell["host_phases"]``, the whole-run pairs' per decode step into
+        ``cell["decode_host_phases"]``."""
         raw = Path(samples_dir or ".") / f"host-samples-{model}-b{len(prompts)}-{phase}.txt"
         if host_phases:
             for llm in engines.values():
@@ -309,6 +311,12 @@ def child(
     return out
 
 
+def worker_us(call: tuple) -> float:
+    """A step's host us in the worker (stop_timer's record): execute_model and the
+    sample_tokens call after it."""
+    return (call[1] - call[0]) / 1e3 + call[5].get(SAMPLING, 0.0)
+
+
 def phase_summary(calls: list[tuple], seconds: list[float]) -> dict:
     """One engine's first tokens by host phase (rank_step_times.py's timer, unprofiled):
     medians over its ``generate(max_tokens=1)`` calls of each runner phase, builder and the
@@ -318,7 +326,7 @@ def phase_summary(calls: list[tuple], seconds: list[float]) -> dict:
     prefills = [c for c in calls if c[3] and c[3] > 1]  # the steps of the prompts' tokens
     host = [(c[1] - c[0]) / 1e3 for c in prefills]
     device = [c[2] for c in prefills if c[2] is not None]
-    worker = [(c[1] - c[0]) / 1e3 + c[5].get(SAMPLING, 0.0) for c in prefills]
+    worker = [worker_us(c) for c in prefills]
     outside = [1e6 * s - w for s, w in zip(seconds, worker)] if len(worker) == len(seconds) else []
 
     def med(values: list[float]) -> float | None:
@@ -350,14 +358,11 @@ def decode_phase_summary(calls: list[tuple], seconds: list[float], most_tokens: 
     if len(runs) != len(seconds):
         raise RuntimeError(f"{len(runs)} runs in the step records, {len(seconds)} timed")
 
-    def worker_us(c: tuple) -> float:
-        return (c[1] - c[0]) / 1e3 + c[5].get(SAMPLING, 0.0)
-
     per_run = []
     for run, s in zip(runs, seconds):
         decode = run[1:]
         steps = len(decode)
-        phases: dict[str, float] = Counter()
+        phases: Counter[str] = Counter()
         for c in decode:
             phases.update(c[5])
             phases["execute_model"] += (c[1] - c[0]) / 1e3
