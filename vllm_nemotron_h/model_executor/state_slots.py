@@ -261,7 +261,8 @@ class StateSlotsMetadataBuilder(Mamba2MetadataBuilder):
             and metadata.num_accepted_tokens is not None
             and metadata.prompt_rows_d is None
             and metadata.prompt_tokens_kept_d is None
-            and bool((metadata.num_accepted_tokens == 1).all())
+            # a list: a tensor comparison costs several times as much on the host
+            and all(n == 1 for n in metadata.num_accepted_tokens.tolist())
         )
 
     def speculative_rows(self, metadata: StateSlotsMetadata) -> None:
