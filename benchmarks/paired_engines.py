@@ -74,6 +74,7 @@ from e2e import (
     MOE_ROUTING_ENV,
     NEW_TOKENS,
     build_llm,
+    median_interval,
     model_files,
     random_prompts,
     results_doc,
@@ -431,8 +432,9 @@ def row_of(
     clocks: list[tuple[float, float, float]] | None = None,
 ) -> dict:
     """A result row: each engine's medians, each pair's ratio (the first engine's seconds
-    over the second's: > 1 where the second is faster), the pairs the second won; with a
-    clock log's ``clocks``, the GPU's clocks in each engine's turns."""
+    over the second's: > 1 where the second is faster), their median's bootstrap 95 %
+    interval, the pairs the second won; with host phases each engine's decode steps a run;
+    with a clock log's ``clocks``, the GPU's clocks in each engine's turns."""
     first, second = names
     row = dict(model=model, state_dtype=state_dtype, batch=batch, engines=names)
     for what, key in (("ttft", "ttft_s"), ("decode", "decode_s")):
@@ -444,9 +446,11 @@ def row_of(
         else:
             row[f"{first}_tok_s"] = round(batch * NEW_TOKENS / statistics.median(a), 1)
             row[f"{second}_tok_s"] = round(batch * NEW_TOKENS / statistics.median(b), 1)
+        low, high = median_interval(ratios)
         row.update(
             {
                 f"{what}_ratio_median": round(statistics.median(ratios), 3),
+                f"{what}_ratio_interval": [round(low, 3), round(high, 3)],
                 f"{what}_ratios": [round(r, 3) for r in ratios],
                 f"{what}_second_faster_pairs": sum(r > 1 for r in ratios),
                 f"{what}_pairs": len(ratios),
@@ -455,6 +459,9 @@ def row_of(
     for key in ("profile", "host_samples", "host_phases", "decode_host_phases"):
         if key in cell:
             row[key] = cell[key]
+    if "decode_host_phases" in cell:
+        # where they differ (other tokens, other accepted drafts) the pairs compare other work
+        row["decode_steps"] = {k: v["steps"] for k, v in cell["decode_host_phases"].items()}
     if clocks is not None:
         row["clocks"] = turn_clocks(cell["turns"], clocks)
     return row
@@ -565,8 +572,8 @@ def print_row(row: dict) -> None:
         f"(x{row['ttft_ratio_median']:.3f}, {second} faster in "
         f"{row['ttft_second_faster_pairs']}/{row['ttft_pairs']} pairs); decode "
         f"{row[f'{first}_tok_s']:9.1f} / {row[f'{second}_tok_s']:9.1f} tokens/s "
-        f"(x{row['decode_ratio_median']:.3f}, {row['decode_second_faster_pairs']}/"
-        f"{row['decode_pairs']})",
+        f"(x{row['decode_ratio_median']:.3f}, 95 % {row['decode_ratio_interval']}, "
+        f"{row['decode_second_faster_pairs']}/{row['decode_pairs']})",
         flush=True,
     )
     for phase, samples in row.get("host_samples", {}).items():
