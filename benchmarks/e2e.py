@@ -39,6 +39,8 @@ same work in 0.75 s, the next in 1.1-1.26 s), the rounds compare runs minutes ap
 first; per batch each pair's ratio (vLLM's decode seconds over the plugin's: > 1 where the
 plugin is faster), their median as the row's speedup with a bootstrap 95 % interval, and the
 pairs the plugin won; --rounds then starts that many pairs of processes, their pairs pooled.
+On a GPU both engines share the device, each at gpu_memory_utilization 0.42 (its rows'
+*_max_concurrency counted at that share).
 Each engine's greedy tokens of a whole warm-up run are compared first (tokens_equal,
 first_token_difference per sequence): under speculation a different output means other
 drafts to verify, other work per token.
@@ -78,6 +80,8 @@ from vllm_nemotron_h.testing import device_tag
 RESULTS = Path(__file__).parent / "results"
 PROMPT_LEN, NEW_TOKENS = 128, 256
 SHIPPED = "shipped"  # the trained checkpoint in models/
+# --pairs on a GPU: each engine's gpu_memory_utilization, both engines on the one device
+PAIRED_GPU_MEMORY_SHARE = 0.42
 
 
 def speculation_of(state_dtype: str) -> tuple[str, str | None, int]:
@@ -360,8 +364,10 @@ def paired_engine(model: str, state_dtype: str, batches: list[int], engine: dict
     check_moe_routing()
     from vllm_nemotron_h.testing import model_class_name
 
+    # on a GPU both engines hold their memory at once
+    share = PAIRED_GPU_MEMORY_SHARE if torch.cuda.is_available() else None
     t0 = time.perf_counter()
-    llm = build_llm(model, state_dtype, batches, NEW_TOKENS, **engine)
+    llm = build_llm(model, state_dtype, batches, NEW_TOKENS, share, **engine)
     start_s = time.perf_counter() - t0
 
     def prompts_of(b: int) -> list[dict]:

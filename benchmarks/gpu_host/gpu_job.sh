@@ -36,6 +36,11 @@
 #               the layout-8b preset (the 8B's layers at tiny widths: a step is host time)
 #   e2e-ngram-8b the 8B with fp32 state and ngram (3 drafts) at B=1 and 32, 2 rounds, then the
 #               host profile of one such step at B=1 (both implementations)
+#   pairs-ngram-8b the 8B with fp32 state and ngram (3 drafts) at B=1 and 32, both engines
+#               alive on the one GPU and timed run by run ($PAIRS alternating pairs, default 10:
+#               e2e.py --pairs), into LOG_DIR/e2e-8b-fp32-ngram3-pairs-<gpu>.json
+#   pairs-9b    the same for Nano 9B v2, bf16 state, no speculation, B=1 and 128, into
+#               LOG_DIR/e2e-9b-bf16-pairs-<gpu>.json
 #   steps-ngram-8b per engine step (no profiler) the host and device time of the 8B's ngram steps
 #               at B=1 and 32 by CUDA-graph mode, with the host time of the runner's phases and
 #               of each metadata builder (rank_step_times.py at TP=1, ~3.5 min a batch)
@@ -196,6 +201,14 @@ for s in "$@"; do
         --output "$out/e2e-8b-fp32-ngram3-$gpu.json"
       step profile-ngram-8b python3 benchmarks/step_profile.py --model nemotron-h-8b \
         --state-dtype float32-ngram3 --batches 1 --host --output-dir "$out" ;;
+    pairs-ngram-8b)
+      step pairs-ngram-8b python3 benchmarks/e2e.py --models nemotron-h-8b \
+        --state-dtypes float32-ngram3 --batches 1,32 --pairs "${PAIRS:-10}" \
+        --output "$out/e2e-8b-fp32-ngram3-pairs-$gpu.json" ;;
+    pairs-9b)
+      step pairs-9b python3 benchmarks/e2e.py --models nano-9b-v2 \
+        --state-dtypes bfloat16 --batches 1,128 --pairs "${PAIRS:-10}" \
+        --output "$out/e2e-9b-bf16-pairs-$gpu.json" ;;
     steps-ngram-8b)
       for b in 1 32; do
         step "rank-times-ngram-8b-b$b" python3 benchmarks/rank_step_times.py \
