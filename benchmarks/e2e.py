@@ -64,6 +64,7 @@ drafts to verify, other work per token.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -446,10 +447,11 @@ def paired_results(
     starts: dict[str, list[dict]] = {i: [] for i in impls}
     for round_ in range(rounds):
         order = impls if round_ % 2 == 0 else impls[::-1]
-        procs = {}
-        try:
+        # each engine closed on the way out; killed where a call failed
+        with contextlib.ExitStack() as stack:
+            procs = {}
             for impl in order:
-                procs[impl] = EngineProcess(__file__, impl, spec, **child_env)
+                procs[impl] = stack.enter_context(EngineProcess(__file__, impl, spec, **child_env))
             for impl in impls:
                 starts[impl].append(procs[impl].call(dict(op="start")))
             for b, cell in cells.items():
@@ -461,9 +463,6 @@ def paired_results(
                         cell["turns"][impl].append(procs[impl].call(dict(op="turn", batch=b)))
                 print(f"{spec['model']} {spec['state_dtype']} B={b} round {round_}: "
                       f"{cell['turns']}", file=sys.stderr, flush=True)  # fmt: skip
-        finally:
-            for proc in procs.values():
-                proc.close()
     for cell in cells.values():
         cell["starts"] = starts
     return cells
