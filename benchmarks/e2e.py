@@ -32,8 +32,9 @@ K draft tokens (the plugin verifies them on its speculative tail), "-mtpK" with 
 the checkpoint's MTP layers (a preset with them, e.g. "dense-mtp"); the rows then carry each
 implementation's acceptance (accepted / proposed draft tokens over the timed runs).
 
-On a machine whose speed drifts within minutes (a shared CPU host: one engine process ran the
-same work in 0.75 s, the next in 1.1-1.26 s), the rounds compare runs minutes apart.
+On a machine whose speed drifts within minutes (a shared CPU host, where the same work's runs
+minutes apart differ by more than the implementations do), the rounds compare runs minutes
+apart.
 --pairs N keeps both implementations' engines alive in processes of their own
 (child_process.EngineProcess) and times them run by run, in pairs that alternate which goes
 first; per batch each pair's ratio (vLLM's decode seconds over the plugin's: > 1 where the
@@ -195,7 +196,7 @@ def random_prompts(llm, batch: int, gen) -> list[dict]:
     ]
 
 
-def draft_counts(llm) -> tuple[int, int, int]:
+def speculation_counts(llm) -> tuple[int, int, int]:
     """(draft tokens proposed, accepted, engine steps) so far (an engine with speculation and
     stats on): the steps a run takes tell whether two engines did the same work."""
     metrics = {m.name: m for m in llm.get_metrics()}
@@ -305,7 +306,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
         # decode batches included, whose decode counts no captured graph compiled) compile here
         timed(NEW_TOKENS + 1)
         speculative = speculation_of(state_dtype)[1] is not None
-        drafts_before = draft_counts(llm) if speculative else None
+        drafts_before = speculation_counts(llm) if speculative else None
         runs = []  # (ttft_s, decode_s) per repeat: the spread shows how far one run can be off
         compiled = []  # per repeat, the cache entries compiled: which runs a compile slowed
         for _ in range(repeats):
@@ -326,7 +327,7 @@ def child(model: str, state_dtype: str, batches: list[int], repeats: int, engine
             triton_kernels_compiled=[kernel_names(entries) for entries in compiled],
         )
         if speculative:
-            proposed, accepted, _ = (a - b for a, b in zip(draft_counts(llm), drafts_before))
+            proposed, accepted, _ = (a - b for a, b in zip(speculation_counts(llm), drafts_before))
             out["batches"][b]["acceptance"] = accepted / max(proposed, 1)
         print(f"{model} {state_dtype} B={b}: {out['batches'][b]}", file=sys.stderr, flush=True)
     return out
@@ -404,9 +405,9 @@ def paired_turn(state: dict, request: dict) -> dict:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return dict(tokens=[list(o.outputs[0].token_ids) for o in outputs])
     ttft_s = min(timed_generate(llm, prompts, 1) for _ in range(2))
-    before = draft_counts(llm) if state["speculative"] else (0, 0, 0)
+    before = speculation_counts(llm) if state["speculative"] else (0, 0, 0)
     whole_s = timed_generate(llm, prompts, NEW_TOKENS + 1)
-    after = draft_counts(llm) if state["speculative"] else (0, 0, 0)
+    after = speculation_counts(llm) if state["speculative"] else (0, 0, 0)
     proposed, accepted, steps = (a - b for a, b in zip(after, before))
     return dict(
         ttft_s=ttft_s, decode_s=whole_s - ttft_s, proposed=proposed, accepted=accepted, steps=steps
@@ -427,9 +428,12 @@ def median_interval(
 
 
 def first_differences(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
-    """Per sequence, the first position where two engines' tokens differ (None: equal)."""
+    """Per sequence, the first position where two engines' tokens differ (None: equal; the
+    shorter one's length where one is the other's start)."""
     return [
-        next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None) if ta != tb else None
+        None
+        if ta == tb
+        else next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
         for ta, tb in zip(a, b)
     ]
 

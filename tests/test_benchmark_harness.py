@@ -67,6 +67,6 @@ def test_median_interval_holds_the_median_and_narrows_with_more_values():
 
 
 def test_first_differences_names_each_sequences_first_other_token():
-    a = [[1, 2, 3], [4, 5, 6], [7, 8]]
-    b = [[1, 2, 3], [4, 9, 6], [0, 8]]
-    assert first_differences(a, b) == [None, 1, 0]
+    a = [[1, 2, 3], [4, 5, 6], [7, 8], [1, 2]]
+    b = [[1, 2, 3], [4, 9, 6], [0, 8], [1, 2, 3]]
+    assert first_differences(a, b) == [None, 1, 0, 2]
